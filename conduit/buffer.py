@@ -1,0 +1,371 @@
+"""The Experience Buffer: replay ring (off-policy) and iteration store (on-policy).
+
+Both are thread-safe and keep what the semantics tests need: every row gets a
+global *transition id* in ingestion order, and each slot remembers the id of
+the row it holds (its generation). A priority update lands only where the id
+still matches, so updates for slots overwritten since sampling are dropped.
+
+Writes are all-or-nothing: every part is validated against the spec before
+any byte is stored, so a bad write raises :class:`~conduit.errors.SpecError`
+and leaves contents, counters and sampler state exactly as they were.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from conduit.errors import SemanticsError, SpecError
+from conduit.executor import StreamOrder
+from conduit.samplers.base import Sampler
+from conduit.samplers.minibatch import minibatch_plan
+from conduit.spec import Data, ExperienceSpec, as_tensors, batch_size_of
+from conduit.storage.base import Storage
+
+__all__ = ["Iteration", "IterationBuffer", "ReplayBuffer", "Sampled", "StorageFactory"]
+
+StorageFactory = Callable[[ExperienceSpec, int], Storage]
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One off-policy draw: gathered rows plus what the learner may need to know."""
+
+    data: dict[str, torch.Tensor]
+    indices: np.ndarray
+    ids: np.ndarray
+    weights: np.ndarray | None
+    version: int
+
+
+class _SpecHolder:
+    """Spec inference/validation shared by both buffers."""
+
+    def __init__(self, spec: ExperienceSpec | None, growable: frozenset[str]) -> None:
+        self.spec = spec
+        self.growable = growable
+
+    def check(self, parts: Sequence[Data]) -> list[dict[str, torch.Tensor]]:
+        """Validate every part (inferring the spec from the first if unknown)."""
+        spec = self.spec
+        out = []
+        for part in parts:
+            if spec is None:
+                tensors = as_tensors(part)
+                if batch_size_of(tensors) == 0:
+                    raise SpecError("empty write: the leading (batch) dimension is 0 for every field")
+                spec = ExperienceSpec.infer(tensors, self.growable)
+            out.append(spec.validate(part))
+        return out
+
+
+class ReplayBuffer:
+    """A FIFO ring of ``capacity`` rows for off-policy replay."""
+
+    def __init__(
+        self,
+        capacity: int,
+        storage_factory: StorageFactory,
+        sampler: Sampler,
+        *,
+        spec: ExperienceSpec | None = None,
+        seed: int | None = None,
+        growable: frozenset[str] = frozenset(),
+    ) -> None:
+        self.capacity = capacity
+        self._factory = storage_factory
+        self.sampler = sampler
+        self._specs = _SpecHolder(spec, growable)
+        self.storage: Storage | None = None
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.rng = np.random.default_rng(seed)
+        self.ids = np.full(capacity, -1, dtype=np.int64)
+        self.pos = 0  # next slot to write
+        self.size = 0  # valid rows, in [0, size)
+        self.inserted = 0  # rows ever written == next transition id == buffer version
+        self._order: StreamOrder | None = None
+        self.listeners: list[Callable[[], None]] = []
+
+    @property
+    def spec(self) -> ExperienceSpec | None:
+        return self._specs.spec
+
+    # -- writes ---------------------------------------------------------------
+    def validate(self, parts: Sequence[Data]) -> list[dict[str, torch.Tensor]]:
+        """Validate without storing (raises SpecError; changes nothing)."""
+        checked = self._specs.check(parts)
+        for t in checked:
+            n = batch_size_of(t)
+            if n > self.capacity:
+                raise SpecError(f"a write of {n} rows exceeds the buffer capacity of {self.capacity} rows")
+        return checked
+
+    def write(self, parts: Sequence[Data]) -> tuple[int, int]:
+        """Store parts in order; returns (first transition id, rows written)."""
+        with self.lock:
+            checked = self.validate(parts)
+            if self.storage is None:
+                self._allocate(checked[0])
+            first = self.inserted
+            assert self._order is not None and self.storage is not None
+            self._order.before_write()
+            for tensors in checked:
+                self._maybe_grow(tensors)
+                n = batch_size_of(tensors)
+                slots = (self.pos + np.arange(n)) % self.capacity
+                self.storage.write(self.pos, tensors)
+                self.ids[slots] = np.arange(self.inserted, self.inserted + n)
+                self.sampler.on_insert(slots)
+                self.pos = (self.pos + n) % self.capacity
+                self.size = min(self.capacity, self.size + n)
+                self.inserted += n
+            self._order.after_write()
+            self.changed.notify_all()
+        for fn in self.listeners:
+            fn()
+        return first, self.inserted - first
+
+    def _allocate(self, example: Mapping[str, torch.Tensor]) -> None:
+        if self._specs.spec is None:
+            self._specs.spec = ExperienceSpec.infer(example, self._specs.growable)
+        self.storage = self._factory(self._specs.spec, self.capacity)
+        self._order = StreamOrder(self.storage.devices[0])
+
+    def _maybe_grow(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        assert self._specs.spec is not None and self.storage is not None
+        grown = self._specs.spec.grown_by(tensors)
+        if grown is None:
+            return
+        self.relayout(grown)
+
+    def relayout(self, spec: ExperienceSpec, factory: StorageFactory | None = None) -> None:
+        """Move every row to new storage for ``spec`` (growable fields zero-padded)."""
+        with self.lock:
+            old = self.storage
+            self._factory = factory or self._factory
+            self._specs.spec = spec
+            new = self._factory(spec, self.capacity)
+            if old is not None and self.size:
+                new.write(0, old.read(0, self.size))
+                old.close()
+            self.storage = new
+            self._order = StreamOrder(new.devices[0])
+
+    # -- reads ----------------------------------------------------------------
+    def ready(self, min_rows: int) -> bool:
+        return self.size >= min_rows
+
+    def sample(self, n: int, device: torch.device | None = None) -> Sampled:
+        """Draw ``n`` rows (with replacement) and gather them atomically."""
+        with self.lock:
+            if self.storage is None or self.size == 0:
+                raise SemanticsError("cannot sample from an empty buffer")
+            draw = self.sampler.sample(n, self.size, self.rng)
+            assert self._order is not None
+            self._order.before_read()
+            data = self.storage.gather(torch.from_numpy(draw.indices), device)
+            self._order.after_read()
+            return Sampled(data, draw.indices, self.ids[draw.indices].copy(), draw.weights, self.inserted)
+
+    def update_priorities(self, indices: np.ndarray, ids: np.ndarray, priorities: np.ndarray) -> int:
+        """Apply priorities where the slot still holds the sampled transition; returns how many applied."""
+        indices = np.asarray(indices, dtype=np.int64)
+        ids = np.asarray(ids, dtype=np.int64)
+        pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        if not (len(indices) == len(ids) == len(pr)):
+            raise ValueError(
+                f"update_priorities: {len(indices)} indices, {len(ids)} ids and {len(pr)} priorities must match"
+            )
+        if not np.all(np.isfinite(pr)):
+            raise ValueError("update_priorities: priorities must be finite")
+        with self.lock:
+            live = self.ids[indices] == ids
+            if np.any(live):
+                self.sampler.update_priorities(indices[live], pr[live])
+            return int(live.sum())
+
+    def contents(self) -> dict[str, torch.Tensor]:
+        """A copy of all valid rows in slot order (tests, checkpoints)."""
+        with self.lock:
+            if self.storage is None:
+                return {}
+            return self.storage.read(0, self.size)
+
+
+@dataclass
+class Iteration:
+    """One on-policy iteration's rows, sealed once all its units are ingested."""
+
+    index: int
+    storage: Storage
+    rows: int = 0
+    ids: list[np.ndarray] | None = None
+    sealed: bool = False
+    plan: list[list[list[np.ndarray]]] | None = None
+    #: mini-batches still to be delivered, per learner
+    remaining: list[int] | None = None
+
+    def id_array(self) -> np.ndarray:
+        return np.concatenate(self.ids) if self.ids else np.zeros(0, dtype=np.int64)
+
+
+class IterationBuffer:
+    """Per-iteration stores for on-policy training; never mixes iterations.
+
+    At most ``max_in_flight`` iterations exist at once (one being consumed, one
+    being collected by default); writes to a further iteration wait.
+    """
+
+    def __init__(
+        self,
+        rows: int,
+        storage_factory: StorageFactory,
+        *,
+        num_minibatches: int,
+        num_epochs: int,
+        num_learners: int,
+        spec: ExperienceSpec | None = None,
+        seed: int | None = None,
+        growable: frozenset[str] = frozenset(),
+        max_in_flight: int = 2,
+        shuffle: bool = True,
+    ) -> None:
+        self.rows = rows
+        self._factory = storage_factory
+        self._specs = _SpecHolder(spec, growable)
+        self.num_minibatches = num_minibatches
+        self.num_epochs = num_epochs
+        self.num_learners = num_learners
+        self.max_in_flight = max_in_flight
+        self.shuffle = shuffle
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.rng = np.random.default_rng(seed)
+        self.iterations: dict[int, Iteration] = {}
+        self.sealed: set[int] = set()
+        self.consumed = 0  # iterations fully delivered (== index of the oldest live one)
+        self.inserted = 0  # rows ever written == next transition id
+        self._free: list[Storage] = []
+        self._order: StreamOrder | None = None
+        self.listeners: list[Callable[[], None]] = []
+
+    @property
+    def spec(self) -> ExperienceSpec | None:
+        return self._specs.spec
+
+    def validate(self, parts: Sequence[Data]) -> list[dict[str, torch.Tensor]]:
+        return self._specs.check(parts)
+
+    def accepts(self, iteration: int) -> bool:
+        """Whether rows of ``iteration`` can be stored now (back-pressure)."""
+        return iteration < self.consumed + self.max_in_flight
+
+    def write(self, iteration: int, parts: Sequence[Data]) -> tuple[int, int]:
+        with self.lock:
+            if iteration < self.consumed or iteration in self.sealed:
+                raise SemanticsError(
+                    f"rows for iteration {iteration} arrived after it was sealed; on-policy data never "
+                    "joins another iteration"
+                )
+            if not self.accepts(iteration):
+                raise SemanticsError(f"iteration {iteration} is more than {self.max_in_flight} ahead of delivery")
+            checked = self.validate(parts)
+            if self._specs.spec is None:
+                self._specs.spec = ExperienceSpec.infer(checked[0], self._specs.growable)
+            it = self._get(iteration)
+            first = self.inserted
+            if self._order is None:
+                self._order = StreamOrder(it.storage.devices[0])
+            self._order.before_write()  # a reused store may still be read by a delivery stream
+            for tensors in checked:
+                n = batch_size_of(tensors)
+                self._ensure_room(it, n, tensors)
+                it.storage.write(it.rows, tensors)
+                assert it.ids is not None
+                it.ids.append(np.arange(self.inserted, self.inserted + n))
+                it.rows += n
+                self.inserted += n
+            self._order.after_write()
+            self.changed.notify_all()
+        return first, self.inserted - first
+
+    def _get(self, iteration: int) -> Iteration:
+        it = self.iterations.get(iteration)
+        if it is None:
+            assert self._specs.spec is not None
+            storage = self._free.pop() if self._free else self._factory(self._specs.spec, self.rows)
+            it = Iteration(iteration, storage, ids=[])
+            self.iterations[iteration] = it
+        return it
+
+    def _ensure_room(self, it: Iteration, n: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        assert self._specs.spec is not None
+        grown = self._specs.spec.grown_by(tensors)
+        if grown is not None:
+            self._specs.spec = grown
+            self._free.clear()
+        need = it.rows + n
+        if grown is None and need <= it.storage.rows:
+            return
+        new = self._factory(self._specs.spec, max(need, it.storage.rows, self.rows))
+        if it.rows:
+            new.write(0, it.storage.read(0, it.rows))
+        it.storage.close()
+        it.storage = new
+
+    def seal(self, iteration: int) -> None:
+        """Close an iteration: shuffle its mini-batch plan and make it deliverable."""
+        with self.lock:
+            it = self._get(iteration) if iteration in self.iterations else None
+            if it is None or it.rows == 0:
+                raise SemanticsError(f"iteration {iteration} has no rows to seal")
+            it.sealed = True
+            it.plan = minibatch_plan(
+                it.rows, self.num_minibatches, self.num_epochs, self.rng, self.num_learners, self.shuffle
+            )
+            it.remaining = [self.num_minibatches * self.num_epochs] * self.num_learners
+            self.sealed.add(iteration)
+            self.changed.notify_all()
+        for fn in self.listeners:
+            fn()
+
+    def current(self) -> Iteration | None:
+        """The oldest sealed iteration still being delivered."""
+        with self.lock:
+            if self.consumed in self.sealed:
+                return self.iterations[self.consumed]
+            return None
+
+    def gather(self, it: Iteration, rows: np.ndarray, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+        with self.lock:
+            if self._order is not None:
+                self._order.before_read()
+            out = it.storage.gather(torch.from_numpy(rows), device)
+            if self._order is not None:
+                self._order.after_read()
+            return out
+
+    def delivered(self, iteration: int, learner: int, count: int = 1) -> None:
+        """Mark mini-batches handed to ``learner``; release the iteration when all learners are done."""
+        with self.lock:
+            it = self.iterations[iteration]
+            assert it.remaining is not None
+            it.remaining[learner] -= count
+            if it.remaining[learner] < 0:
+                raise SemanticsError(f"learner {learner} pulled more mini-batches than iteration {iteration} holds")
+            if all(r == 0 for r in it.remaining):
+                self.sealed.discard(iteration)
+                del self.iterations[iteration]
+                if it.storage.rows == self.rows and it.storage.spec == self._specs.spec:
+                    self._free.append(it.storage)
+                else:
+                    it.storage.close()
+                self.consumed += 1
+            self.changed.notify_all()
+        for fn in self.listeners:
+            fn()

@@ -1,0 +1,281 @@
+"""Configuration, built from what RL frameworks already expose.
+
+pydantic (v2) earns its place here: typed, frozen models with field-level
+validation and error messages that name the field, the received value and the
+reason, for free, plus JSON round-trips for checkpoints and the CLI.
+
+Users give the RL configuration they have (off- or on-policy, batch sizes,
+``M`` mini-batches, capacity). Granularities, overlap and placement are chosen
+by Conduit; they may be *pinned* here for experiments.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from fractions import Fraction
+from typing import Annotated, Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from conduit.scheduling.space import (
+    Mode,
+    Policy,
+    Schedule,
+    as_granularity,
+    delivery_space,
+    ingestion_space,
+    is_feasible_mode,
+)
+
+__all__ = ["ConduitConfig", "Policy", "PrioritizedReplay", "SamplerKind", "SchedulePin"]
+
+
+class SamplerKind(str, Enum):
+    """How off-policy delivery draws indices."""
+
+    UNIFORM = "uniform"
+    PRIORITIZED = "prioritized"
+
+
+class PrioritizedReplay(BaseModel):
+    """Prioritized experience replay (Schaul et al.): ``P(i) ∝ p_i^alpha``, IS weights with ``beta``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    alpha: Annotated[float, Field(ge=0.0, description="priority exponent")] = 0.6
+    beta: Annotated[float, Field(ge=0.0, le=1.0, description="importance-sampling exponent")] = 0.4
+    eps: Annotated[float, Field(gt=0.0, description="added to |td error| so no priority is 0")] = 1e-6
+
+
+class SchedulePin(BaseModel):
+    """Pin overlap/granularity for experiments; ``None`` leaves a knob to Conduit."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ingestion_overlap: bool | None = None
+    ingestion_granularity: str | float | int | None = None
+    delivery_overlap: bool | None = None
+    delivery_granularity: str | float | int | None = None
+
+    @field_validator("ingestion_granularity", "delivery_granularity")
+    @classmethod
+    def _parse_g(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        try:
+            return str(as_granularity(v))
+        except (ValueError, ZeroDivisionError) as e:
+            raise ValueError(f"granularity must be a positive number or fraction like '1/4', got {v!r}") from e
+
+
+class ConduitConfig(BaseModel):
+    """Everything the runtime needs, validated at construction.
+
+    Attributes:
+        policy: ``off_policy`` (replay) or ``on_policy`` (fresh data per iteration).
+        train_batch_size: off-policy: rows per training batch; on-policy: rows per
+            iteration (one update's data, split into ``num_minibatches``).
+        rollout_unit_size: rows an actor pushes per call, when known (the
+            profiler and on-policy fractional ingestion use it).
+        capacity: off-policy replay capacity in transitions (FIFO eviction).
+        num_minibatches: ``M``, on-policy mini-batches per epoch.
+        num_epochs: on-policy passes over an iteration's data.
+        num_learners: data-parallel learners; each pulls its own batch.
+        learner_device: device(s) batches are delivered to; one per learner or one for all.
+        storage_device: pins the buffer placement (``"cpu"``, ``"pinned"``, ``"cuda:0"``);
+            ``None`` lets Conduit decide.
+        sampler / prioritized: off-policy sampling.
+        min_size_to_sample: off-policy rows required before sampling (default: a batch).
+        g_max: cap on off-policy granularities (both paths).
+        max_staleness: cap on off-policy delivery granularity (batches a prefetched
+            batch may lag an inline sample by).
+        max_ingest_lag: cap on ingestion granularity (units ingestion may lag rollouts by).
+        memory_headroom: fraction of device memory placement keeps free.
+        schedule: optional pinned knobs.
+        seed: seeds Conduit's samplers (``None``: nondeterministic).
+        timeout_s: default timeout of every blocking call.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    policy: Policy
+    train_batch_size: Annotated[int, Field(gt=0)]
+    rollout_unit_size: Annotated[int, Field(gt=0)] | None = None
+    capacity: Annotated[int, Field(gt=0)] | None = None
+    num_minibatches: Annotated[int, Field(gt=0)] = 1
+    num_epochs: Annotated[int, Field(gt=0)] = 1
+    num_learners: Annotated[int, Field(gt=0)] = 1
+    learner_device: str | list[str] = "cpu"
+    storage_device: str | None = None
+    sampler: SamplerKind = SamplerKind.UNIFORM
+    prioritized: PrioritizedReplay = PrioritizedReplay()
+    min_size_to_sample: Annotated[int, Field(gt=0)] | None = None
+    g_max: Annotated[int, Field(gt=0, le=64)] = 4
+    max_staleness: Annotated[int, Field(gt=0)] | None = None
+    max_ingest_lag: Annotated[int, Field(gt=0)] | None = None
+    memory_headroom: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
+    schedule: SchedulePin = SchedulePin()
+    seed: int | None = None
+    timeout_s: Annotated[float, Field(gt=0.0)] = 60.0
+
+    # -- field validators ---------------------------------------------------
+    @field_validator("learner_device")
+    @classmethod
+    def _check_devices(cls, v: str | list[str]) -> str | list[str]:
+        for d in [v] if isinstance(v, str) else v:
+            _parse_device("learner_device", d)
+        if isinstance(v, list) and not v:
+            raise ValueError("learner_device: expected a device or a non-empty list, got []")
+        return v
+
+    @field_validator("storage_device")
+    @classmethod
+    def _check_storage(cls, v: str | None) -> str | None:
+        if v is not None and v != "pinned":
+            _parse_device("storage_device", v)
+        return v
+
+    # -- cross-field rules --------------------------------------------------
+    @model_validator(mode="after")
+    def _check_policy_rules(self) -> ConduitConfig:
+        if self.policy is Policy.OFF_POLICY:
+            if self.capacity is None:
+                raise ValueError("capacity: off-policy replay needs a capacity (transitions), got None")
+            if self.capacity < self.train_batch_size:
+                raise ValueError(
+                    f"capacity={self.capacity} is smaller than train_batch_size={self.train_batch_size}: "
+                    "a batch could never be sampled"
+                )
+            if self.min_size_to_sample is not None and self.min_size_to_sample > self.capacity:
+                raise ValueError(
+                    f"min_size_to_sample={self.min_size_to_sample} exceeds capacity={self.capacity}: "
+                    "sampling would never start"
+                )
+            if self.num_minibatches != 1 or self.num_epochs != 1:
+                raise ValueError(
+                    f"num_minibatches={self.num_minibatches}, num_epochs={self.num_epochs}: mini-batches and "
+                    "epochs are on-policy settings; off-policy delivers train_batch_size rows per pull"
+                )
+        else:
+            if self.capacity is not None:
+                raise ValueError(
+                    f"capacity={self.capacity}: on-policy stores exactly one iteration "
+                    "(train_batch_size rows); leave capacity unset"
+                )
+            if self.sampler is not SamplerKind.UNIFORM:
+                raise ValueError(
+                    f"sampler={self.sampler.value!r}: on-policy delivery shuffles the iteration into "
+                    "mini-batches; prioritized sampling is off-policy only"
+                )
+            if self.num_minibatches > self.train_batch_size:
+                raise ValueError(
+                    f"num_minibatches={self.num_minibatches} exceeds train_batch_size={self.train_batch_size}: "
+                    "some mini-batches would be empty"
+                )
+            if self.train_batch_size // self.num_minibatches < self.num_learners:
+                raise ValueError(
+                    f"num_learners={self.num_learners}: each mini-batch of "
+                    f"{self.train_batch_size // self.num_minibatches} rows must give every learner at least one row"
+                )
+        devices = self.learner_devices
+        if len(devices) != self.num_learners:
+            raise ValueError(
+                f"learner_device lists {len(devices)} devices but num_learners={self.num_learners}; "
+                "give one device for all learners or one per learner"
+            )
+        self._check_schedule_pin()
+        return self
+
+    def _check_schedule_pin(self) -> None:
+        pin = self.schedule
+        for path, overlap, g, space in (
+            ("ingestion", pin.ingestion_overlap, pin.ingestion_granularity, self.ingestion_space),
+            ("delivery", pin.delivery_overlap, pin.delivery_granularity, self.delivery_space),
+        ):
+            if g is not None and as_granularity(g) not in space:
+                raise ValueError(
+                    f"schedule.{path}_granularity={g}: not in the feasible space "
+                    f"{[str(x) for x in space]} for {self.policy.value}"
+                )
+        chosen = self.default_schedule()
+        for path, mode, space in (
+            ("ingestion", chosen.ingestion, self.ingestion_space),
+            ("delivery", chosen.delivery, self.delivery_space),
+        ):
+            if not is_feasible_mode(self.policy, mode, space):
+                raise ValueError(
+                    f"schedule: the pinned {path} mode ({mode}) breaks {self.policy.value} semantics; "
+                    "on-policy admits only (overlap=False, g=1) and (overlap=True, 0<g<1), "
+                    "and 0<g<1 needs num_minibatches > 1"
+                )
+
+    # -- derived ------------------------------------------------------------
+    @property
+    def learner_devices(self) -> tuple[str, ...]:
+        d = self.learner_device
+        if isinstance(d, str):
+            return (d,) * self.num_learners
+        return tuple(d)
+
+    @property
+    def sample_min(self) -> int:
+        return self.min_size_to_sample or self.train_batch_size
+
+    @property
+    def ingestion_space(self) -> tuple[Fraction, ...]:
+        cap = min(self.g_max, self.max_ingest_lag or self.g_max)
+        return ingestion_space(self.policy, self.num_minibatches, cap)
+
+    @property
+    def delivery_space(self) -> tuple[Fraction, ...]:
+        cap = min(self.g_max, self.max_staleness or self.g_max)
+        return delivery_space(self.policy, self.num_minibatches, cap)
+
+    @property
+    def storage_rows(self) -> int:
+        """Rows the store preallocates: the replay capacity, or one on-policy iteration plus a unit of slack."""
+        if self.policy is Policy.OFF_POLICY:
+            assert self.capacity is not None
+            return self.capacity
+        return self.train_batch_size + (self.rollout_unit_size or self.train_batch_size)
+
+    def default_schedule(self) -> Schedule:
+        """The schedule used when nothing was profiled: the pinned knobs, else a safe default.
+
+        Off-policy: overlap both paths at g=1 (one-step overlap, like SRL/Ape-X).
+        On-policy: inline ingestion (g=1), pipelined delivery (g=1/M) when M>1.
+        :mod:`conduit.scheduling` replaces this with a measured, cost-based plan.
+        """
+        pin = self.schedule
+        if self.policy is Policy.OFF_POLICY:
+            ing = Mode(True, Fraction(1))
+            dlv = Mode(True, Fraction(1))
+        else:
+            ing = Mode(False, Fraction(1))
+            m = self.num_minibatches
+            dlv = Mode(True, Fraction(1, m)) if m > 1 else Mode(False, Fraction(1))
+        ing = _apply_pin(self.policy, ing, pin.ingestion_overlap, pin.ingestion_granularity, self.ingestion_space)
+        dlv = _apply_pin(self.policy, dlv, pin.delivery_overlap, pin.delivery_granularity, self.delivery_space)
+        return Schedule(ing, dlv)
+
+
+def _apply_pin(
+    policy: Policy, mode: Mode, overlap: bool | None, g: str | float | int | None, space: tuple[Fraction, ...]
+) -> Mode:
+    """Apply pinned knobs; a half-pinned on-policy mode takes the only partner that keeps it feasible."""
+    new_overlap = mode.overlap if overlap is None else overlap
+    new_g = mode.granularity if g is None else as_granularity(g)
+    if policy is Policy.ON_POLICY:
+        if overlap is not None and g is None:
+            new_g = Fraction(1) if not overlap else min(space)
+        elif g is not None and overlap is None:
+            new_overlap = new_g < 1
+    return Mode(new_overlap, new_g)
+
+
+def _parse_device(field: str, value: str) -> torch.device:
+    try:
+        return torch.device(value)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"{field}={value!r} is not a torch device string (e.g. 'cpu', 'cuda:0'): {e}") from e

@@ -1,0 +1,380 @@
+"""The delivery path: buffer rows become training-ready batches on each learner's device.
+
+Graph: ``select+gather -> hook -> to_learner -> split`` (processing, processing,
+transfer, processing). One invocation handles ``g`` training batches: off-policy
+it samples ``g·B`` rows in one gather and splits them into ``g`` batches; on-policy
+``g = 1`` prepares an epoch's ``M`` mini-batches at once and ``g = 1/M`` one
+mini-batch at a time.
+
+Timing (``overlap``): inline runs an invocation in the pulling thread when that
+learner has nothing staged; overlapped lets the path's worker stage at most one
+invocation ahead per learner (so a staged batch is at most ``g`` batches older
+than an inline sample would have been), on a dedicated CUDA stream whose event
+the learner's stream waits on at hand-off.
+
+Each learner has its own staging queue and pull counter; several data-parallel
+learners each pull their own batches.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from conduit.batch import Batch, BatchInfo
+from conduit.buffer import IterationBuffer, ReplayBuffer
+from conduit.errors import ConduitError, RuntimeFailed
+from conduit.executor import FailureBox, StreamSet, Worker, handoff, wait_until
+from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, Reader, Writer
+from conduit.operators import FnOperator, Graph, HookOperator, OperatorKind, Packet
+from conduit.scheduling.space import Mode
+from conduit.trace import Tracer
+
+__all__ = ["DeliveryPath", "DeliveryStats", "MinibatchDelivery", "ReplayDelivery"]
+
+HookFn = Callable[[Reader, Writer], object]
+
+
+@dataclass
+class _Staged:
+    data: dict[str, torch.Tensor]
+    info: BatchInfo
+    event: torch.cuda.Event | None
+
+
+@dataclass
+class DeliveryStats:
+    pulls: int = 0
+    invocations: int = 0
+    delivered_rows: int = 0
+    pull_s: float = 0.0  # total time spent inside pull (exposed delivery latency)
+    wait_s: float = 0.0  # of which waiting for data or the worker
+
+
+class DeliveryPath(ABC):
+    """Shared staging, pull and worker logic; subclasses say what one invocation produces."""
+
+    def __init__(
+        self,
+        *,
+        mode: Mode,
+        hook: HookFn | None,
+        tracer: Tracer,
+        failure: FailureBox,
+        timeout: float,
+        learner_devices: Sequence[torch.device],
+    ) -> None:
+        self.mode = mode
+        self.failure = failure
+        self.timeout = timeout
+        self.devices = list(learner_devices)
+        self.num_learners = len(self.devices)
+        self.cond = threading.Condition()
+        self.staged: list[deque[_Staged]] = [deque() for _ in self.devices]
+        self.pulls = [0] * self.num_learners
+        self._busy = [False] * self.num_learners
+        self._invoke_locks = [threading.Lock() for _ in self.devices]
+        self.stats = DeliveryStats()
+        self.streams = [StreamSet(d) for d in self.devices]
+        ops = [FnOperator("select_gather", OperatorKind.PROCESSING, self._select_gather)]
+        if hook is not None:
+            ops.append(HookOperator("hook", hook, EXPERIENCE_BUFFER, LEARNER))
+        ops.append(FnOperator("to_learner", OperatorKind.TRANSFER, self._to_learner))
+        ops.append(FnOperator("split", OperatorKind.PROCESSING, self._split))
+        self.graph = Graph("delivery", ops, tracer)
+        self.worker: Worker | None = None
+
+    def start(self) -> None:
+        if self.mode.overlap:
+            self.worker = Worker("delivery", self._step, self.failure, self.cond)
+            self.worker.start()
+
+    def notify(self) -> None:
+        """Wake waiters: new data, a sealed iteration, or a released one."""
+        with self.cond:
+            self.cond.notify_all()
+
+    # -- subclass hooks -------------------------------------------------------
+    @abstractmethod
+    def _can_produce(self, learner: int) -> bool:
+        """Whether an invocation for ``learner`` can run now (caller holds cond)."""
+
+    @abstractmethod
+    def _begin(self, learner: int) -> Packet:
+        """Claim the next invocation's rows for ``learner`` (caller holds cond)."""
+
+    @abstractmethod
+    def _select_gather(self, packet: Packet) -> Packet:
+        """Gather the claimed rows (processing)."""
+
+    @abstractmethod
+    def _infos(self, packet: Packet) -> list[BatchInfo]:
+        """Per-batch provenance for the split parts."""
+
+    def _on_pulled(self, learner: int, info: BatchInfo) -> None:
+        """Called outside cond after a batch was handed to ``learner``."""
+
+    @abstractmethod
+    def _describe_wait(self, learner: int) -> str: ...
+
+    @abstractmethod
+    def _version(self) -> int:
+        """Transitions ingested so far (the buffer version)."""
+
+    # -- graph operators ------------------------------------------------------
+    def _to_learner(self, packet: Packet) -> Packet:
+        device: torch.device = packet.meta["device"]
+        packet.parts = [
+            {k: (v if v.device == device else v.to(device, non_blocking=device.type == "cuda")) for k, v in part.items()}
+            for part in packet.parts
+        ]
+        return packet
+
+    def _split(self, packet: Packet) -> Packet:
+        sizes: list[int] = packet.meta["sizes"]
+        if len(packet.parts) == len(sizes) and all(
+            next(iter(p.values())).shape[0] == s for p, s in zip(packet.parts, sizes)
+        ):
+            return packet
+        whole = packet.parts[0] if len(packet.parts) == 1 else {
+            k: torch.cat([p[k] for p in packet.parts]) for k in packet.parts[0]
+        }
+        rows = next(iter(whole.values())).shape[0]
+        if rows != sum(sizes):
+            raise ConduitError(
+                f"the delivery hook wrote {rows} rows but this invocation delivers {sum(sizes)} "
+                f"(batches of {sizes}); a delivery hook must keep one output row per input row"
+            )
+        chunks = {k: torch.split(v, sizes) for k, v in whole.items()}
+        packet.parts = [{k: c[i] for k, c in chunks.items()} for i in range(len(sizes))]
+        return packet
+
+    # -- invocations ----------------------------------------------------------
+    def _invoke(self, learner: int, packet: Packet) -> list[_Staged]:
+        granularity = float(self.mode.granularity)
+        try:
+            packet = self.graph.run(packet, granularity)
+        except RuntimeFailed:
+            raise
+        except Exception as exc:
+            raise self.failure.set("delivery hook/operator", exc) from exc
+        infos = self._infos(packet)
+        event = self.streams[learner].record() if self.worker is not None else None
+        return [_Staged(part, info, event) for part, info in zip(packet.parts, infos)]
+
+    def _step(self) -> None:
+        with self.cond:
+            learner = next(
+                (r for r in range(self.num_learners) if not self.staged[r] and not self._busy[r] and self._can_produce(r)),
+                None,
+            )
+            if learner is None:
+                self.cond.wait(0.05)
+                return
+            self._busy[learner] = True
+            packet = self._begin(learner)
+        try:
+            with self.streams[learner].active():
+                staged = self._invoke(learner, packet)
+        finally:
+            with self.cond:
+                self._busy[learner] = False
+        with self.cond:
+            self.staged[learner].extend(staged)
+            self.stats.invocations += 1
+            self.cond.notify_all()
+
+    # -- pull -----------------------------------------------------------------
+    def pull(self, learner: int = 0, timeout: float | None = None) -> Batch:
+        t0 = time.perf_counter()
+        self.failure.check()
+        if not 0 <= learner < self.num_learners:
+            raise ValueError(f"learner={learner}: expected a rank in [0, {self.num_learners})")
+        timeout = self.timeout if timeout is None else timeout
+        if self.worker is None:
+            self._pull_inline(learner, timeout)
+        with self.cond:
+            t_wait = time.perf_counter()
+            wait_until(
+                self.cond, lambda: bool(self.staged[learner]), timeout, self.failure,
+                lambda: self._describe_wait(learner),
+            )
+            self.stats.wait_s += time.perf_counter() - t_wait
+            item = self.staged[learner].popleft()
+            index = self.pulls[learner]
+            self.pulls[learner] += 1
+            self.stats.pulls += 1
+            self.stats.delivered_rows += item.info.indices.shape[0]
+            self.cond.notify_all()
+        handoff(item.data, item.event)
+        info = replace(item.info, pull_index=index, version_at_delivery=self._version())
+        self._on_pulled(learner, info)
+        self.stats.pull_s += time.perf_counter() - t0
+        return Batch(item.data, info)
+
+    def _pull_inline(self, learner: int, timeout: float) -> None:
+        with self._invoke_locks[learner]:
+            with self.cond:
+                if self.staged[learner]:
+                    return
+                t_wait = time.perf_counter()
+                wait_until(
+                    self.cond, lambda: self._can_produce(learner), timeout, self.failure,
+                    lambda: self._describe_wait(learner),
+                )
+                self.stats.wait_s += time.perf_counter() - t_wait
+                packet = self._begin(learner)
+            try:
+                staged = self._invoke(learner, packet)
+            except (ConduitError, RuntimeFailed):
+                raise
+            with self.cond:
+                self.staged[learner].extend(staged)
+                self.stats.invocations += 1
+
+    def close(self, timeout: float) -> bool:
+        if self.worker is not None:
+            return self.worker.stop(timeout)
+        return True
+
+
+class ReplayDelivery(DeliveryPath):
+    """Off-policy: sample ``g·B`` rows per invocation from the replay ring."""
+
+    def __init__(self, *, buffer: ReplayBuffer, batch_size: int, min_rows: int, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.buffer = buffer
+        self.batch_size = batch_size
+        self.min_rows = min_rows
+        self._invocation = 0
+
+    def _can_produce(self, learner: int) -> bool:
+        return self.buffer.ready(self.min_rows)
+
+    def _version(self) -> int:
+        return self.buffer.inserted
+
+    def _begin(self, learner: int) -> Packet:
+        g = int(self.mode.granularity)
+        self._invocation += 1
+        return Packet(
+            [],
+            {
+                "learner": learner,
+                "device": self.devices[learner],
+                "rows": g * self.batch_size,
+                "sizes": [self.batch_size] * g,
+                "sampled_at_pull": self.pulls[learner] + len(self.staged[learner]),
+                "invocation": self._invocation - 1,
+                "granularity": float(self.mode.granularity),
+            },
+        )
+
+    def _select_gather(self, packet: Packet) -> Packet:
+        sampled = self.buffer.sample(packet.meta["rows"])
+        packet.parts = [sampled.data]
+        packet.meta.update(
+            indices=sampled.indices, ids=sampled.ids, weights=sampled.weights, version=sampled.version
+        )
+        return packet
+
+    def _infos(self, packet: Packet) -> list[BatchInfo]:
+        m = packet.meta
+        out = []
+        for i in range(len(m["sizes"])):
+            sl = slice(i * self.batch_size, (i + 1) * self.batch_size)
+            out.append(
+                BatchInfo(
+                    learner=m["learner"], pull_index=-1, sampled_at_pull=m["sampled_at_pull"],
+                    buffer_version=m["version"], iteration=m["invocation"], epoch=None, minibatch=None,
+                    num_minibatches=None, last=False, indices=m["indices"][sl], ids=m["ids"][sl],
+                    weights=None if m["weights"] is None else m["weights"][sl], mode=self.mode,
+                )
+            )
+        return out
+
+    def _describe_wait(self, learner: int) -> str:
+        return (
+            f"a batch for learner {learner}: the buffer holds {self.buffer.size} rows and sampling starts at "
+            f"{self.min_rows} (min_size_to_sample); push more rollouts, or flush() units still pending ingestion"
+        )
+
+
+class MinibatchDelivery(DeliveryPath):
+    """On-policy: an iteration's shuffled mini-batches, epoch by epoch, never across iterations."""
+
+    def __init__(self, *, buffer: IterationBuffer, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.buffer = buffer
+        self.per_iteration = buffer.num_minibatches * buffer.num_epochs
+        # per learner: (iteration, next flat mini-batch position) of the next invocation
+        self.cursor = [(0, 0)] * self.num_learners
+
+    def _version(self) -> int:
+        return self.buffer.inserted
+
+    def _can_produce(self, learner: int) -> bool:
+        iteration, _ = self.cursor[learner]
+        with self.buffer.lock:
+            return iteration in self.buffer.sealed
+
+    def _begin(self, learner: int) -> Packet:
+        iteration, pos = self.cursor[learner]
+        m = self.buffer.num_minibatches
+        count = m - pos % m if self.mode.granularity >= 1 else 1
+        nxt = pos + count
+        self.cursor[learner] = (iteration + 1, 0) if nxt == self.per_iteration else (iteration, nxt)
+        return Packet(
+            [],
+            {
+                "learner": learner, "device": self.devices[learner], "iteration": iteration,
+                "positions": list(range(pos, pos + count)),
+                "sampled_at_pull": self.pulls[learner] + len(self.staged[learner]),
+                "granularity": float(self.mode.granularity),
+            },
+        )
+
+    def _select_gather(self, packet: Packet) -> Packet:
+        meta = packet.meta
+        it = self.buffer.iterations[meta["iteration"]]
+        assert it.plan is not None
+        m = self.buffer.num_minibatches
+        learner = meta["learner"]
+        rows = [it.plan[p // m][p % m][learner] for p in meta["positions"]]
+        flat = np.concatenate(rows) if len(rows) > 1 else rows[0]
+        packet.parts = [self.buffer.gather(it, flat)]
+        ids = it.id_array()
+        meta.update(rows=rows, sizes=[len(r) for r in rows], ids=[ids[r] for r in rows], version=self.buffer.inserted)
+        return packet
+
+    def _infos(self, packet: Packet) -> list[BatchInfo]:
+        meta = packet.meta
+        m = self.buffer.num_minibatches
+        out = []
+        for pos, rows, ids in zip(meta["positions"], meta["rows"], meta["ids"]):
+            out.append(
+                BatchInfo(
+                    learner=meta["learner"], pull_index=-1, sampled_at_pull=meta["sampled_at_pull"],
+                    buffer_version=meta["version"], iteration=meta["iteration"], epoch=pos // m,
+                    minibatch=pos % m, num_minibatches=m, last=pos == self.per_iteration - 1,
+                    indices=rows, ids=ids, weights=None, mode=self.mode,
+                )
+            )
+        return out
+
+    def _on_pulled(self, learner: int, info: BatchInfo) -> None:
+        self.buffer.delivered(info.iteration, learner)
+
+    def _describe_wait(self, learner: int) -> str:
+        iteration, _ = self.cursor[learner]
+        return (
+            f"on-policy iteration {iteration} for learner {learner}: it is not sealed yet; push the rest of its "
+            "rollouts (train_batch_size rows) or call seal()"
+        )

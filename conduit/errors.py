@@ -1,0 +1,76 @@
+"""Conduit's error hierarchy.
+
+One small tree, rooted at :class:`ConduitError`. Each concrete error also
+subclasses the builtin that fits, so callers that already catch ``ValueError``
+or ``TimeoutError`` keep working (the pattern of ``pydantic_settings``).
+Messages name the field, the expected and the received value.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+__all__ = [
+    "ConduitError",
+    "ConfigError",
+    "ConduitTimeout",
+    "HookError",
+    "PlacementError",
+    "RuntimeClosed",
+    "RuntimeFailed",
+    "SemanticsError",
+    "SpecError",
+]
+
+
+class ConduitError(Exception):
+    """Base class of every error Conduit raises on purpose."""
+
+
+class ConfigError(ConduitError, ValueError):
+    """A configuration was rejected at construction."""
+
+
+class SpecError(ConduitError, ValueError):
+    """A write does not match the experience spec; the buffer is unchanged."""
+
+
+class HookError(ConduitError, TypeError):
+    """A hook was registered with the wrong endpoints or signature."""
+
+
+class PlacementError(ConduitError, ValueError):
+    """No placement can hold the buffer, or a placement is malformed."""
+
+
+class SemanticsError(ConduitError, RuntimeError):
+    """A call would break one of the semantics Conduit guarantees (DESIGN.md §2)."""
+
+
+class ConduitTimeout(ConduitError, TimeoutError):
+    """A blocking call did not complete within its timeout."""
+
+
+class RuntimeClosed(ConduitError, RuntimeError):
+    """The runtime was closed; no further push or pull is accepted."""
+
+
+class RuntimeFailed(ConduitError, RuntimeError):
+    """An operator, hook or worker failed; the runtime stopped.
+
+    The original exception is the ``__cause__`` and its formatted traceback is
+    kept in :attr:`original_traceback` and appended to the message, so the
+    failure is readable even when re-raised from another thread's call.
+    """
+
+    def __init__(self, where: str, original: BaseException, tb_text: str | None = None) -> None:
+        self.where = where
+        self.original = original
+        self.original_traceback = tb_text or "".join(
+            traceback.format_exception(type(original), original, original.__traceback__)
+        )
+        super().__init__(
+            f"{where} failed with {type(original).__name__}: {original}\n"
+            f"--- original traceback ---\n{self.original_traceback}"
+        )
+        self.__cause__ = original

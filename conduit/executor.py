@@ -1,0 +1,227 @@
+"""The one place for threads and CUDA streams.
+
+- :class:`FailureBox` keeps the first failure of any operator, hook or worker,
+  with its traceback, so every later push/pull re-raises it (as a value sent
+  back, the torchdata ``_populate_queue`` pattern).
+- :class:`Worker` is the background loop every path uses: it calls a step
+  function until stopped; the step waits on the path's condition with a timeout
+  (no wait is unbounded); an exception is captured in the failure box and the
+  loop ends. ``stop()`` joins with a timeout and reports a thread that would not
+  stop instead of hanging.
+- :class:`StreamSet` gives each path a dedicated CUDA stream on a device, the
+  events for hand-off, and ``record_stream`` so the caching allocator never
+  reuses memory another stream still reads. Without CUDA everything here is a
+  no-op and paths run on plain threads.
+- :func:`wait_until` is the bounded condition wait used by push, pull and flush.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+
+import torch
+
+from conduit.errors import ConduitTimeout, RuntimeClosed, RuntimeFailed
+
+__all__ = ["FailureBox", "StreamOrder", "StreamSet", "Worker", "handoff", "wait_until"]
+
+log = logging.getLogger("conduit")
+
+#: How long a worker waits on its condition before re-checking stop flags.
+POLL_S = 0.05
+
+
+class FailureBox:
+    """The first failure of the runtime; thread-safe, set once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._error: RuntimeFailed | None = None
+        self.closed = False
+
+    def set(self, where: str, exc: BaseException) -> RuntimeFailed:
+        with self._lock:
+            if self._error is None:
+                tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+                self._error = exc if isinstance(exc, RuntimeFailed) else RuntimeFailed(where, exc, tb)
+                log.error("conduit: %s failed: %r", where, exc)
+            return self._error
+
+    @property
+    def error(self) -> RuntimeFailed | None:
+        return self._error
+
+    def check(self) -> None:
+        """Raise the recorded failure, or RuntimeClosed after close()."""
+        err = self._error
+        if err is not None:
+            raise err
+        if self.closed:
+            raise RuntimeClosed("the Conduit runtime is closed")
+
+
+def wait_until(
+    cond: threading.Condition,
+    predicate: Callable[[], bool],
+    timeout: float,
+    failure: FailureBox,
+    what: Callable[[], str],
+) -> None:
+    """Wait (holding ``cond``) until ``predicate()``; bounded, failure-aware.
+
+    Raises the runtime's failure as soon as it is recorded, and
+    :class:`ConduitTimeout` with ``what()`` in the message after ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        failure.check()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ConduitTimeout(f"timed out after {timeout:.3g}s waiting for {what()}")
+        cond.wait(min(left, POLL_S))
+    failure.check()
+
+
+class Worker:
+    """A daemon thread that runs ``step()`` until stopped or failed.
+
+    ``step`` does one unit of work or waits briefly (bounded) for some; it must
+    return promptly once ``stopping`` is set.
+    """
+
+    def __init__(self, name: str, step: Callable[[], None], failure: FailureBox, wake: threading.Condition) -> None:
+        self.name = name
+        self._step = step
+        self._failure = failure
+        self._wake = wake
+        self.stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"conduit-{name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            while not self.stopping.is_set() and self._failure.error is None:
+                self._step()
+        except BaseException as exc:  # noqa: BLE001 - sent back as a value
+            self._failure.set(f"{self.name} worker", exc)
+        finally:
+            with self._wake:
+                self._wake.notify_all()
+
+    def stop(self, timeout: float) -> bool:
+        """Ask the loop to end and join it; True when the thread is gone."""
+        self.stopping.set()
+        with self._wake:
+            self._wake.notify_all()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("conduit: worker %s did not stop within %.3gs", self.name, timeout)
+            return False
+        return True
+
+
+class StreamSet:
+    """A dedicated CUDA stream for one path on one device (no-op on CPU)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        if self.stream is None:
+            yield
+        else:
+            with torch.cuda.stream(self.stream):
+                yield
+
+    def record(self) -> torch.cuda.Event | None:
+        """An event marking everything queued on this stream so far."""
+        if self.stream is None:
+            return None
+        ev = torch.cuda.Event()
+        ev.record(self.stream)
+        return ev
+
+    def wait(self, event: torch.cuda.Event | None) -> None:
+        """Make this stream wait for ``event`` (recorded on another stream)."""
+        if self.stream is not None and event is not None:
+            self.stream.wait_event(event)
+
+
+def handoff(tensors: Mapping[str, torch.Tensor], event: torch.cuda.Event | None) -> None:
+    """Hand tensors produced on a side stream to the caller's current stream.
+
+    The caller's stream waits on ``event`` (no host sync), and each CUDA tensor
+    is recorded on it so the caching allocator keeps its memory until the
+    caller's work on it is done.
+    """
+    if event is None:
+        return
+    consumers: dict[torch.device, torch.cuda.Stream] = {}
+    for t in tensors.values():
+        if t.device.type != "cuda":
+            continue
+        stream = consumers.get(t.device)
+        if stream is None:
+            stream = torch.cuda.current_stream(t.device)
+            stream.wait_event(event)
+            consumers[t.device] = stream
+        t.record_stream(stream)
+
+
+class StreamOrder:
+    """Orders writes and reads of one CUDA-resident storage across streams.
+
+    Writers (ingestion stream) and readers (delivery stream, or the caller's
+    stream inline) run on different streams; before a read the current stream
+    waits for the last write of every stream (RAW), and before a write for the
+    last read of every stream (WAR: a gather still reading a slot the ring is
+    about to overwrite). Call under the buffer's lock. A no-op for host storage.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.enabled = device.type == "cuda"
+        self.device = device
+        self._writes: dict[int, torch.cuda.Event] = {}
+        self._reads: dict[int, torch.cuda.Event] = {}
+
+    def _mark(self, into: dict[int, torch.cuda.Event]) -> None:
+        stream = torch.cuda.current_stream(self.device)
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        into[stream.cuda_stream] = ev
+
+    def _wait(self, events: dict[int, torch.cuda.Event]) -> None:
+        stream = torch.cuda.current_stream(self.device)
+        for sid, ev in events.items():
+            if sid != stream.cuda_stream:
+                stream.wait_event(ev)
+
+    def before_write(self) -> None:
+        if self.enabled:
+            self._wait(self._reads)
+
+    def after_write(self) -> None:
+        if self.enabled:
+            self._mark(self._writes)
+
+    def before_read(self) -> None:
+        if self.enabled:
+            self._wait(self._writes)
+
+    def after_read(self) -> None:
+        if self.enabled:
+            self._mark(self._reads)

@@ -1,0 +1,314 @@
+"""The ingestion path: actors push rollout units; the graph turns them into buffer rows.
+
+Graph: ``[assemble] -> hook -> write`` (processing, processing, transfer).
+With the identity hook the graph writes the ``g`` units as parts without
+concatenating them first, and the push validates them eagerly, so bad input is
+rejected at the offending ``push`` before anything is queued.
+
+Timing (``overlap``): inline runs an invocation in the pushing thread as soon as
+``g`` units are pending; overlapped hands units to the path's worker, and a push
+waits (bounded) while ``g`` units are already pending, so ingestion lags rollouts
+by at most ``g`` units. Granularity ``0 < g < 1`` (on-policy) splits each unit
+into pieces of ``ceil(g·rows)`` rows, one invocation each.
+
+On-policy units are assigned to an iteration at push time: an iteration closes
+with the unit that brings it to ``train_batch_size`` rows (or on ``seal()``), and
+is sealed for delivery once every piece of it has been written.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from conduit.buffer import IterationBuffer, ReplayBuffer
+from conduit.errors import ConduitError, RuntimeFailed
+from conduit.executor import FailureBox, StreamSet, Worker, wait_until
+from conduit.hooks import ACTOR, EXPERIENCE_BUFFER, Reader, Writer
+from conduit.operators import FnOperator, Graph, HookOperator, OperatorKind, Packet
+from conduit.scheduling.space import Mode
+from conduit.spec import Data, as_tensors, batch_size_of
+from conduit.trace import Tracer
+
+__all__ = ["IngestionPath", "IngestionStats"]
+
+HookFn = Callable[[Reader, Writer], object]
+
+
+@dataclass
+class _Piece:
+    data: dict[str, torch.Tensor]
+    rows: int
+    unit_end: bool
+    iteration: int | None = None
+
+
+@dataclass
+class IngestionStats:
+    pushed_units: int = 0
+    pushed_rows: int = 0
+    ingested_rows: int = 0
+    invocations: int = 0
+    blocked_s: float = 0.0  # time pushes waited on back-pressure
+    push_s: float = 0.0  # total time spent inside push (exposed ingestion latency)
+    per_iteration_rows: dict[int, int] = field(default_factory=dict)
+
+
+class IngestionPath:
+    """Runs the ingestion graph inline or on its worker."""
+
+    def __init__(
+        self,
+        *,
+        mode: Mode,
+        buffer: ReplayBuffer | IterationBuffer,
+        hook: HookFn | None,
+        tracer: Tracer,
+        failure: FailureBox,
+        timeout: float,
+        train_batch_size: int,
+        stream_device: torch.device,
+    ) -> None:
+        self.mode = mode
+        self.buffer = buffer
+        self.on_policy = isinstance(buffer, IterationBuffer)
+        self.failure = failure
+        self.timeout = timeout
+        self.train_batch_size = train_batch_size
+        self.cond = threading.Condition()
+        self._invoke_lock = threading.Lock()
+        self.queue: deque[_Piece] = deque()
+        self.pending_units = 0
+        self.flushing = 0
+        self.stats = IngestionStats()
+        self._identity = hook is None
+        self.streams = StreamSet(stream_device)
+        # on-policy push-side iteration accounting
+        self._push_iter = 0
+        self._push_iter_rows = 0
+        self._pieces_pushed: dict[int, int] = {}
+        self._pieces_done: dict[int, int] = {}
+        self._closed: set[int] = set()
+
+        ops = []
+        if hook is not None:
+            ops.append(HookOperator("hook", hook, ACTOR, EXPERIENCE_BUFFER))
+        ops.append(FnOperator("buffer_write", OperatorKind.TRANSFER, self._write))
+        self.graph = Graph("ingestion", ops, tracer)
+        self.worker: Worker | None = None
+        if mode.overlap:
+            self.worker = Worker("ingestion", self._step, failure, self.cond)
+            self.worker.start()
+
+    # -- granularity ----------------------------------------------------------
+    @property
+    def group_units(self) -> int:
+        """Units (or pieces) one invocation takes."""
+        g = self.mode.granularity
+        return int(g) if g >= 1 else 1
+
+    def _split(self, tensors: dict[str, torch.Tensor], rows: int) -> list[_Piece]:
+        g = self.mode.granularity
+        if g >= 1:
+            return [_Piece(tensors, rows, True)]
+        step = max(1, math.ceil(rows * g))
+        chunks = {k: torch.split(v, step) for k, v in tensors.items()}
+        count = len(next(iter(chunks.values())))
+        return [
+            _Piece({k: c[i] for k, c in chunks.items()}, int(next(iter(chunks.values()))[i].shape[0]), i == count - 1)
+            for i in range(count)
+        ]
+
+    # -- push -----------------------------------------------------------------
+    def push(self, data: Data, timeout: float | None = None) -> None:
+        t0 = time.perf_counter()
+        self.failure.check()
+        if self._identity:
+            tensors = self.buffer.validate([data])[0]  # bad input fails here, nothing queued
+        else:
+            tensors = as_tensors(data)
+        rows = batch_size_of(tensors)
+        pieces = self._split(tensors, rows)
+        timeout = self.timeout if timeout is None else timeout
+        with self.cond:
+            iteration = None
+            t_wait = time.perf_counter()
+            wait_until(self.cond, self._has_room, timeout, self.failure, self._describe_wait)
+            self.stats.blocked_s += time.perf_counter() - t_wait
+            if self.on_policy:
+                iteration = self._assign_iteration(rows, len(pieces))
+            for p in pieces:
+                p.iteration = iteration
+            self.queue.extend(pieces)
+            self.pending_units += 1
+            self.stats.pushed_units += 1
+            self.stats.pushed_rows += rows
+            self.cond.notify_all()
+        if self.worker is None:
+            self._drain_inline(flush=False)
+        self.stats.push_s += time.perf_counter() - t0
+
+    def _has_room(self) -> bool:
+        if self.on_policy:
+            assert isinstance(self.buffer, IterationBuffer)
+            if not self.buffer.accepts(self._push_iter):
+                return False
+        return self.pending_units < self.group_units
+
+    def _assign_iteration(self, rows: int, pieces: int) -> int:
+        it = self._push_iter
+        self._pieces_pushed[it] = self._pieces_pushed.get(it, 0) + pieces
+        self._push_iter_rows += rows
+        self.stats.per_iteration_rows[it] = self.stats.per_iteration_rows.get(it, 0) + rows
+        if self._push_iter_rows >= self.train_batch_size:
+            self._close_push_iteration()
+        return it
+
+    def _close_push_iteration(self) -> None:
+        self._closed.add(self._push_iter)
+        self._push_iter += 1
+        self._push_iter_rows = 0
+
+    def seal(self) -> int | None:
+        """Close the iteration being pushed early (on-policy); returns its index."""
+        with self.cond:
+            if not self.on_policy or self._push_iter_rows == 0:
+                return None
+            it = self._push_iter
+            self._close_push_iteration()
+            ready = self._take_sealable(it)
+            self.cond.notify_all()
+        if ready is not None:
+            self._seal(ready)
+        return it
+
+    def _describe_wait(self) -> str:
+        if self.on_policy:
+            return (
+                f"room to push (iteration {self._push_iter} would exceed {getattr(self.buffer, 'max_in_flight', 2)} "
+                f"iterations in flight: the learner has consumed {getattr(self.buffer, 'consumed', 0)}); "
+                "is a learner pulling?"
+            )
+        return (
+            f"ingestion to catch up ({self.pending_units} unit(s) pending, granularity {self.mode.granularity}); "
+            "the ingestion worker is stalled"
+        )
+
+    # -- invocations ----------------------------------------------------------
+    def _take_group(self, flush: bool) -> list[_Piece] | None:
+        """Pop the next invocation's pieces (caller holds cond)."""
+        if not self.queue:
+            return None
+        if self.on_policy:
+            return [self.queue.popleft()]
+        g = self.group_units
+        if len(self.queue) >= g:
+            return [self.queue.popleft() for _ in range(g)]
+        if flush:
+            return [self.queue.popleft() for _ in range(len(self.queue))]
+        return None
+
+    def _step(self) -> None:
+        with self.cond:
+            group = self._take_group(self.flushing > 0)
+            if group is None:
+                self.cond.wait(0.05)
+                return
+        assert self.worker is not None
+        with self.streams.active():
+            self._invoke(group)
+
+    def _drain_inline(self, flush: bool) -> None:
+        with self._invoke_lock:
+            while True:
+                with self.cond:
+                    group = self._take_group(flush)
+                if group is None:
+                    return
+                try:
+                    self._invoke(group)
+                except ConduitError:
+                    raise
+                except Exception as exc:
+                    raise self.failure.set("ingestion (inline)", exc) from exc
+
+    def _invoke(self, group: list[_Piece]) -> None:
+        granularity = float(self.mode.granularity)
+        packet = Packet([p.data for p in group], {"iteration": group[0].iteration, "granularity": granularity})
+        try:
+            self.graph.run(packet, granularity)
+        except Exception as exc:
+            if isinstance(exc, RuntimeFailed):
+                raise
+            raise self.failure.set("ingestion hook/operator", exc) from exc
+        with self.cond:
+            self.stats.invocations += 1
+            self.pending_units -= sum(1 for p in group if p.unit_end)
+            for p in group:
+                if p.iteration is not None:
+                    self._pieces_done[p.iteration] = self._pieces_done.get(p.iteration, 0) + 1
+            ready = self._take_sealable(group[0].iteration) if self.on_policy else None
+            self.cond.notify_all()
+        if ready is not None:
+            self._seal(ready)
+
+    def _write(self, packet: Packet) -> Packet:
+        if not packet.parts:
+            return packet  # the hook filtered everything out
+        if self.on_policy:
+            assert isinstance(self.buffer, IterationBuffer)
+            _, n = self.buffer.write(packet.meta["iteration"], packet.parts)
+        else:
+            assert isinstance(self.buffer, ReplayBuffer)
+            _, n = self.buffer.write(packet.parts)
+        with self.cond:
+            self.stats.ingested_rows += n
+        return packet
+
+    def _take_sealable(self, iteration: int | None) -> int | None:
+        """``iteration`` if it is closed and fully ingested (caller holds cond); claims it."""
+        if iteration is None or iteration not in self._closed:
+            return None
+        if self._pieces_done.get(iteration, 0) != self._pieces_pushed.get(iteration, 0):
+            return None
+        self._closed.discard(iteration)
+        self._pieces_pushed.pop(iteration, None)
+        self._pieces_done.pop(iteration, None)
+        return iteration
+
+    def _seal(self, iteration: int) -> None:
+        """Seal outside ``cond``: the buffer notifies the delivery path (lock order)."""
+        assert isinstance(self.buffer, IterationBuffer)
+        self.buffer.seal(iteration)
+
+    # -- flush / close --------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> None:
+        """Ingest everything pushed so far, including a partial group."""
+        timeout = self.timeout if timeout is None else timeout
+        if self.worker is None:
+            self._drain_inline(flush=True)
+            return
+        with self.cond:
+            self.flushing += 1
+            self.cond.notify_all()
+            try:
+                wait_until(
+                    self.cond,
+                    lambda: self.pending_units == 0 and not self.queue,
+                    timeout,
+                    self.failure,
+                    lambda: f"ingestion to flush {self.pending_units} pending unit(s)",
+                )
+            finally:
+                self.flushing -= 1
+
+    def close(self, timeout: float) -> bool:
+        if self.worker is not None:
+            return self.worker.stop(timeout)
+        return True

@@ -1,0 +1,125 @@
+"""Operator graphs: ingestion and delivery as chains of transfer and processing operators.
+
+Two operator kinds (the paper's §2.2): **transfer** moves bytes between memory
+domains (host->device, device->device, into/out of the buffer's storage);
+**processing** reshapes, samples, batches, or runs a framework's registered
+hook. A :class:`Graph` runs its operators in order on a :class:`Packet`, each
+inside a trace span, and keeps per-invocation timings the profiler reads.
+
+Graphs are built once per runtime (``conduit.ingestion`` and
+``conduit.delivery`` assemble them); which thread runs them — the caller's
+(overlap=0) or a path worker (overlap=1) — is the executor's business.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+
+from conduit.hooks import Reader, Writer
+from conduit.trace import Tracer
+
+__all__ = ["FnOperator", "Graph", "HookOperator", "Operator", "OperatorKind", "Packet"]
+
+
+class OperatorKind(str, Enum):
+    TRANSFER = "transfer"
+    PROCESSING = "processing"
+
+
+@dataclass
+class Packet:
+    """What flows through a graph: data parts plus invocation metadata."""
+
+    parts: list[dict[str, torch.Tensor]]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return sum(next(iter(p.values())).shape[0] for p in self.parts if p)
+
+
+class Operator(ABC):
+    """One node of a graph."""
+
+    kind: OperatorKind = OperatorKind.PROCESSING
+    name: str = "operator"
+
+    @abstractmethod
+    def run(self, packet: Packet) -> Packet:
+        """Transform a packet (may mutate and return it)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.kind.value}:{self.name})"
+
+
+class FnOperator(Operator):
+    """An operator from a function ``Packet -> Packet``."""
+
+    def __init__(self, name: str, kind: OperatorKind, fn: Callable[[Packet], Packet]) -> None:
+        self.name = name
+        self.kind = kind
+        self._fn = fn
+
+    def run(self, packet: Packet) -> Packet:
+        return self._fn(packet)
+
+
+class HookOperator(Operator):
+    """Runs a registered hook: one ``read()`` of the concatenated parts, any number of ``write()``s."""
+
+    kind = OperatorKind.PROCESSING
+
+    def __init__(self, name: str, fn: Callable[[Reader, Writer], Any], source: str, sink: str) -> None:
+        self.name = name
+        self._fn = fn
+        self._source = source
+        self._sink = sink
+
+    def run(self, packet: Packet) -> Packet:
+        data = concat(packet.parts)
+        out = Writer(self._sink)
+        self._fn(Reader(self._source, data, packet.meta), out)
+        packet.parts = out.items
+        return packet
+
+
+def concat(parts: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Concatenate parts along the batch dimension (no copy for a single part)."""
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return {}
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+class Graph:
+    """A chain of operators with timing and tracing."""
+
+    def __init__(self, name: str, operators: Sequence[Operator], tracer: Tracer, history: int = 256) -> None:
+        self.name = name
+        self.operators = list(operators)
+        self.tracer = tracer
+        #: wall seconds of recent invocations, with their granularity
+        self.timings: deque[tuple[float, float]] = deque(maxlen=history)
+        self.invocations = 0
+
+    def run(self, packet: Packet, granularity: float = 1.0) -> Packet:
+        t0 = time.perf_counter()
+        with self.tracer.span(self.name, cat="conduit", granularity=granularity, rows=packet.rows):
+            for op in self.operators:
+                with self.tracer.span(op.name, cat=op.kind.value):
+                    packet = op.run(packet)
+        self.timings.append((time.perf_counter() - t0, granularity))
+        self.invocations += 1
+        return packet
+
+    def describe(self) -> str:
+        return f"{self.name}: " + " -> ".join(f"{op.name}[{op.kind.value}]" for op in self.operators)

@@ -1,0 +1,336 @@
+"""The Conduit runtime: one Experience Data Plane for a training loop.
+
+::
+
+    edp = conduit.Conduit(policy="off_policy", train_batch_size=256, capacity=100_000)
+
+    @edp.register_ingestion(input="Actor", output="ExperienceBuffer")
+    def ingest(actor_in, exp_out):
+        exp_out.write(actor_in.read())
+
+    with edp:
+        for it in range(iterations):
+            edp.push(rollout())                 # actors push rollout units
+            if edp.ready():
+                update(edp.pull())              # learners pull training-ready batches
+
+Actors may push from several threads at once (or from other processes through
+:meth:`Conduit.actor_channel`); data-parallel learners pull with their rank.
+The paths are built lazily on the first push or pull, so hooks registered
+before then are used. Errors from any worker re-raise, with the original
+traceback, from the next call; every blocking call has a timeout; ``close()``
+is idempotent and joins every thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from conduit.batch import Batch, BatchInfo
+from conduit.buffer import IterationBuffer, ReplayBuffer
+from conduit.config import ConduitConfig, Policy, SamplerKind
+from conduit.delivery import DeliveryPath, MinibatchDelivery, ReplayDelivery
+from conduit.errors import ConfigError, RuntimeClosed, SemanticsError
+from conduit.executor import FailureBox
+from conduit.hooks import HookKind, HookRegistry
+from conduit.ingestion import IngestionPath
+from conduit.samplers import PrioritizedSampler, UniformSampler
+from conduit.samplers.base import Sampler
+from conduit.scheduling.space import Schedule, is_feasible_mode
+from conduit.spec import Data, ExperienceSpec
+from conduit.storage import Storage, TensorStorage
+from conduit.trace import Tracer, global_tracer
+
+__all__ = ["Conduit", "RuntimeStats"]
+
+log = logging.getLogger("conduit")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class RuntimeStats:
+    """Counters of one runtime (exact: nothing is estimated)."""
+
+    pushed_units: int
+    pushed_rows: int
+    ingested_rows: int
+    ingestion_invocations: int
+    buffer_rows: int
+    buffer_version: int
+    pulls: int
+    delivered_rows: int
+    delivery_invocations: int
+    push_s: float
+    push_blocked_s: float
+    pull_s: float
+    pull_wait_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Conduit:
+    """An Experience Data Plane runtime (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: ConduitConfig | None = None,
+        *,
+        spec: ExperienceSpec | None = None,
+        growable: Iterable[str] = (),
+        schedule: Schedule | None = None,
+        storage: Callable[[ExperienceSpec, int], Storage] | None = None,
+        tracer: Tracer | None = None,
+        registry: HookRegistry | None = None,
+        **config_fields: Any,
+    ) -> None:
+        if config is None:
+            config = ConduitConfig(**config_fields)
+        elif config_fields:
+            raise ConfigError(f"pass either a ConduitConfig or config fields, not both (got {sorted(config_fields)})")
+        self.config = config
+        self.spec_declared = spec
+        self.growable = frozenset(growable)
+        self.tracer = tracer or global_tracer()
+        self.registry = registry or HookRegistry()
+        self.schedule = self._check_schedule(schedule or config.default_schedule())
+        self._storage_factory = storage or self._default_storage
+        self.failure = FailureBox()
+        self._start_lock = threading.Lock()
+        self._started = False
+        self._closed = False
+        self.buffer: ReplayBuffer | IterationBuffer | None = None
+        self.ingestion: IngestionPath | None = None
+        self.delivery: DeliveryPath | None = None
+
+    # -- hooks ----------------------------------------------------------------
+    def register_ingestion(self, input: str = "Actor", output: str = "ExperienceBuffer") -> Callable[[F], F]:
+        """Decorator: the framework's ingestion logic (``fn(actor_in, exp_out)``)."""
+        return self.registry.register(HookKind.INGESTION, input, output)
+
+    def register_delivery(self, input: str = "ExperienceBuffer", output: str = "Learner") -> Callable[[F], F]:
+        """Decorator: the framework's delivery logic (``fn(exp_in, learn_out)``)."""
+        return self.registry.register(HookKind.DELIVERY, input, output)
+
+    # -- construction of the paths ----------------------------------------------
+    def _check_schedule(self, schedule: Schedule) -> Schedule:
+        cfg = self.config
+        for path, mode, space in (
+            ("ingestion", schedule.ingestion, cfg.ingestion_space),
+            ("delivery", schedule.delivery, cfg.delivery_space),
+        ):
+            if not is_feasible_mode(cfg.policy, mode, space):
+                raise ConfigError(
+                    f"schedule: {path} mode ({mode}) is not feasible for {cfg.policy.value} "
+                    f"(granularities {[str(g) for g in space]}; on-policy admits only inline g=1 and overlapped 0<g<1)"
+                )
+        return schedule
+
+    def _default_storage(self, spec: ExperienceSpec, rows: int) -> Storage:
+        return TensorStorage(spec, rows, self.config.storage_device or "cpu")
+
+    def _make_sampler(self) -> Sampler:
+        cfg = self.config
+        assert cfg.capacity is not None
+        if cfg.sampler is SamplerKind.PRIORITIZED:
+            p = cfg.prioritized
+            return PrioritizedSampler(cfg.capacity, p.alpha, p.beta, p.eps)
+        return UniformSampler(cfg.capacity)
+
+    def start(self) -> Conduit:
+        """Build the buffer and both paths (done lazily by the first push/pull)."""
+        with self._start_lock:
+            if self._closed:
+                raise RuntimeClosed("the Conduit runtime is closed")
+            if self._started:
+                return self
+            cfg = self.config
+            devices = [torch.device(d) for d in cfg.learner_devices]
+            common = dict(tracer=self.tracer, failure=self.failure, timeout=cfg.timeout_s)
+            if cfg.policy is Policy.OFF_POLICY:
+                assert cfg.capacity is not None
+                self.buffer = ReplayBuffer(
+                    cfg.capacity, self._storage_factory, self._make_sampler(),
+                    spec=self.spec_declared, seed=cfg.seed, growable=self.growable,
+                )
+                self.delivery = ReplayDelivery(
+                    buffer=self.buffer, batch_size=cfg.train_batch_size, min_rows=cfg.sample_min,
+                    mode=self.schedule.delivery, hook=self._hook(HookKind.DELIVERY),
+                    learner_devices=devices, **common,
+                )
+            else:
+                self.buffer = IterationBuffer(
+                    cfg.storage_rows, self._storage_factory, num_minibatches=cfg.num_minibatches,
+                    num_epochs=cfg.num_epochs, num_learners=cfg.num_learners, spec=self.spec_declared,
+                    seed=cfg.seed, growable=self.growable,
+                )
+                self.delivery = MinibatchDelivery(
+                    buffer=self.buffer, mode=self.schedule.delivery, hook=self._hook(HookKind.DELIVERY),
+                    learner_devices=devices, **common,
+                )
+            self.ingestion = IngestionPath(
+                mode=self.schedule.ingestion, buffer=self.buffer, hook=self._hook(HookKind.INGESTION),
+                train_batch_size=cfg.train_batch_size, stream_device=self._storage_device(), **common,
+            )
+            self.buffer.listeners.append(self.delivery.notify)
+            self.buffer.listeners.append(self._notify_ingestion)
+            self.delivery.start()
+            self.registry.freeze("the runtime has started; register hooks before the first push/pull")
+            self._started = True
+            log.info("conduit: started %s, %s", cfg.policy.value, self.schedule)
+            return self
+
+    def _hook(self, kind: HookKind) -> Callable[..., Any] | None:
+        spec = self.registry.get(kind)
+        return spec.fn if spec is not None else None
+
+    def _storage_device(self) -> torch.device:
+        d = self.config.storage_device
+        if d is None or d == "pinned":
+            return torch.device("cpu")
+        return torch.device(d)
+
+    def _notify_ingestion(self) -> None:
+        if self.ingestion is not None:
+            with self.ingestion.cond:
+                self.ingestion.cond.notify_all()
+
+    def _ensure_started(self) -> None:
+        if not self._started:
+            self.start()
+        self.failure.check()
+
+    # -- the data plane ---------------------------------------------------------
+    def push(self, data: Data, *, timeout: float | None = None) -> None:
+        """Push one rollout unit (a mapping ``field -> tensor/array`` with a leading batch dim)."""
+        self._ensure_started()
+        assert self.ingestion is not None
+        self.ingestion.push(data, timeout)
+
+    def pull(self, learner: int = 0, *, timeout: float | None = None) -> Batch:
+        """The next training-ready batch for data-parallel learner ``learner``."""
+        self._ensure_started()
+        assert self.delivery is not None
+        return self.delivery.pull(learner, timeout)
+
+    def minibatches(self, learner: int = 0, *, timeout: float | None = None) -> Iterator[Batch]:
+        """On-policy: every mini-batch of the next iteration, epoch by epoch."""
+        if self.config.policy is not Policy.ON_POLICY:
+            raise SemanticsError("minibatches() iterates an on-policy iteration; off-policy uses pull()")
+        while True:
+            batch = self.pull(learner, timeout=timeout)
+            yield batch
+            if batch.info.last:
+                return
+
+    def ready(self) -> bool:
+        """Off-policy: whether a pull can be served now without waiting for more data."""
+        self._ensure_started()
+        if isinstance(self.buffer, ReplayBuffer):
+            return self.buffer.ready(self.config.sample_min)
+        assert isinstance(self.buffer, IterationBuffer)
+        return self.buffer.current() is not None
+
+    def flush(self, *, timeout: float | None = None) -> None:
+        """Ingest every unit pushed so far (partial granularity groups included)."""
+        self._ensure_started()
+        assert self.ingestion is not None
+        self.ingestion.flush(timeout)
+
+    def seal(self) -> int | None:
+        """On-policy: end the iteration being pushed now, even if short of train_batch_size."""
+        self._ensure_started()
+        assert self.ingestion is not None
+        return self.ingestion.seal()
+
+    def update_priorities(self, batch: Batch | BatchInfo, priorities: Any) -> int:
+        """Prioritized replay: new priorities (e.g. |TD error|) for a delivered batch's rows.
+
+        Rows whose slot was overwritten since the batch was sampled are skipped
+        (generation check). Returns how many priorities were applied.
+        """
+        self._ensure_started()
+        if not isinstance(self.buffer, ReplayBuffer) or self.config.sampler is not SamplerKind.PRIORITIZED:
+            raise SemanticsError("update_priorities needs off-policy replay with sampler='prioritized'")
+        info = batch.info if isinstance(batch, Batch) else batch
+        if isinstance(priorities, torch.Tensor):
+            priorities = priorities.detach().to("cpu", torch.float64).numpy()
+        return self.buffer.update_priorities(info.indices, info.ids, np.asarray(priorities))
+
+    # -- introspection -----------------------------------------------------------
+    @property
+    def spec(self) -> ExperienceSpec | None:
+        return self.buffer.spec if self.buffer is not None else self.spec_declared
+
+    def stats(self) -> RuntimeStats:
+        ing = self.ingestion.stats if self.ingestion else None
+        dlv = self.delivery.stats if self.delivery else None
+        buf = self.buffer
+        rows = 0
+        if isinstance(buf, ReplayBuffer):
+            rows = buf.size
+        elif isinstance(buf, IterationBuffer):
+            rows = sum(it.rows for it in buf.iterations.values())
+        return RuntimeStats(
+            pushed_units=ing.pushed_units if ing else 0,
+            pushed_rows=ing.pushed_rows if ing else 0,
+            ingested_rows=ing.ingested_rows if ing else 0,
+            ingestion_invocations=ing.invocations if ing else 0,
+            buffer_rows=rows,
+            buffer_version=buf.inserted if buf else 0,
+            pulls=dlv.pulls if dlv else 0,
+            delivered_rows=dlv.delivered_rows if dlv else 0,
+            delivery_invocations=dlv.invocations if dlv else 0,
+            push_s=ing.push_s if ing else 0.0,
+            push_blocked_s=ing.blocked_s if ing else 0.0,
+            pull_s=dlv.pull_s if dlv else 0.0,
+            pull_wait_s=dlv.wait_s if dlv else 0.0,
+        )
+
+    def describe(self) -> Mapping[str, Any]:
+        """What the runtime runs: config, schedule, spec and operator graphs."""
+        return {
+            "policy": self.config.policy.value,
+            "schedule": self.schedule.to_json(),
+            "storage_device": self.config.storage_device or "cpu",
+            "spec": self.spec.to_json() if self.spec else None,
+            "ingestion_graph": self.ingestion.graph.describe() if self.ingestion else None,
+            "delivery_graph": self.delivery.graph.describe() if self.delivery else None,
+        }
+
+    # -- lifecycle -------------------------------------------------------------
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop both workers and release storage; idempotent, never hangs past ``timeout`` per worker."""
+        with self._start_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self.failure.closed = True
+        stopped = True
+        for path in (self.ingestion, self.delivery):
+            if path is not None:
+                stopped &= path.close(timeout)
+        if not stopped:
+            log.warning("conduit: a worker thread did not stop within %.3gs", timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Conduit:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("running" if self._started else "new")
+        return f"Conduit({self.config.policy.value}, {self.schedule}, {state})"

@@ -1,0 +1,257 @@
+"""The experience spec: field names, trailing shapes, dtypes, bytes per sample.
+
+Data moving through Conduit is a mapping ``field -> tensor`` with a leading batch
+dimension. The spec is declared up front or inferred from the first write; every
+later write is checked against it *before* anything is stored, so a bad write
+raises :class:`~conduit.errors.SpecError` and leaves the buffer untouched.
+
+numpy arrays are accepted and converted without a copy (``torch.from_numpy``);
+dtypes that ``torch.can_cast`` allows are cast, anything else is rejected.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Union
+
+import numpy as np
+import torch
+
+from conduit.errors import SpecError
+
+__all__ = [
+    "ExperienceSpec",
+    "FieldSpec",
+    "Data",
+    "as_tensors",
+    "batch_size_of",
+]
+
+#: What users may hand Conduit: a mapping of field name to tensor or array.
+Data = Mapping[str, Union[torch.Tensor, np.ndarray]]
+
+_DTYPE_NAMES: dict[str, torch.dtype] = {
+    str(dt).removeprefix("torch."): dt
+    for dt in (
+        torch.float16, torch.bfloat16, torch.float32, torch.float64,
+        torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool,
+    )
+}
+
+
+def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
+    """``"float32"`` / ``"torch.float32"`` / ``torch.float32`` -> ``torch.float32``."""
+    if isinstance(name, torch.dtype):
+        return name
+    key = name.removeprefix("torch.")
+    if key not in _DTYPE_NAMES:
+        raise SpecError(f"unknown dtype {name!r}; expected one of {sorted(_DTYPE_NAMES)}")
+    return _DTYPE_NAMES[key]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field: trailing shape (without the batch dimension) and dtype.
+
+    ``growable`` marks a field whose trailing shape may grow during a run
+    (longer sequences, larger observations); growth triggers re-layout instead
+    of a :class:`SpecError`.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    growable: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise SpecError(f"field name must be a non-empty string, got {self.name!r}")
+        if any((not isinstance(s, int)) or s < 0 for s in self.shape):
+            raise SpecError(f"field {self.name!r}: shape must be non-negative ints, got {self.shape!r}")
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return self.numel * _itemsize(self.dtype)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "dtype": dtype_name(self.dtype), "growable": self.growable}
+
+    @classmethod
+    def from_json(cls, name: str, d: Mapping[str, Any]) -> FieldSpec:
+        return cls(name, tuple(int(s) for s in d["shape"]), dtype_from_name(d["dtype"]), bool(d.get("growable", False)))
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(frozen=True)
+class ExperienceSpec:
+    """The field layout of every transition in a buffer."""
+
+    fields: Mapping[str, FieldSpec] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.fields:
+            raise SpecError("an experience spec needs at least one field")
+        for name, f in self.fields.items():
+            if name != f.name:
+                raise SpecError(f"field key {name!r} does not match FieldSpec.name {f.name!r}")
+
+    # -- construction -------------------------------------------------------
+    @classmethod
+    def of(cls, **fields: tuple[tuple[int, ...], torch.dtype | str] | FieldSpec) -> ExperienceSpec:
+        """``ExperienceSpec.of(obs=((4,), "float32"), action=((), torch.int64))``."""
+        out: dict[str, FieldSpec] = {}
+        for name, f in fields.items():
+            if isinstance(f, FieldSpec):
+                out[name] = replace(f, name=name)
+            else:
+                shape, dt = f
+                out[name] = FieldSpec(name, tuple(shape), dtype_from_name(dt))
+        return cls(out)
+
+    @classmethod
+    def infer(cls, data: Data, growable: frozenset[str] = frozenset()) -> ExperienceSpec:
+        """The spec of a batch: trailing shapes and dtypes of its fields."""
+        tensors = as_tensors(data)
+        batch_size_of(tensors)  # checks leading dims agree
+        return cls(
+            {
+                k: FieldSpec(k, tuple(t.shape[1:]), t.dtype, k in growable)
+                for k, t in tensors.items()
+            }
+        )
+
+    # -- properties ---------------------------------------------------------
+    @property
+    def bytes_per_sample(self) -> int:
+        return sum(f.bytes_per_sample for f in self.fields.values())
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.fields)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.fields.values())
+
+    def __len__(self) -> int:
+        return len(self.fields)
+
+    def __getitem__(self, name: str) -> FieldSpec:
+        return self.fields[name]
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: f.to_json() for name, f in self.fields.items()}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ExperienceSpec:
+        return cls({name: FieldSpec.from_json(name, v) for name, v in d.items()})
+
+    def describe(self) -> str:
+        parts = [f"{f.name}: {dtype_name(f.dtype)}{list(f.shape)}" for f in self]
+        return "{" + ", ".join(parts) + f"}} ({self.bytes_per_sample} B/sample)"
+
+    # -- validation ---------------------------------------------------------
+    def validate(self, data: Data, *, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+        """Check ``data`` against the spec; return tensors cast to the spec's dtypes.
+
+        Raises :class:`SpecError` naming the field, the expected and the received
+        value. Never mutates ``data``. A growable field may arrive with a larger
+        trailing shape; the caller (the buffer) decides how to grow.
+        """
+        if not isinstance(data, Mapping):
+            raise SpecError(f"a write must be a mapping of field -> tensor, got {type(data).__name__}")
+        missing = [k for k in self.fields if k not in data]
+        extra = [k for k in data if k not in self.fields]
+        if missing or extra:
+            raise SpecError(
+                f"fields do not match the experience spec: missing {missing}, unexpected {extra}; "
+                f"expected exactly {list(self.fields)}"
+            )
+        tensors = as_tensors(data)
+        n = batch_size_of(tensors)
+        if n == 0:
+            raise SpecError("empty write: the leading (batch) dimension is 0 for every field")
+        out: dict[str, torch.Tensor] = {}
+        for name, f in self.fields.items():
+            t = tensors[name]
+            trailing = tuple(t.shape[1:])
+            if trailing != f.shape:
+                grows = f.growable and len(trailing) == len(f.shape)
+                if not grows:
+                    raise SpecError(
+                        f"field {name!r}: expected trailing shape {f.shape}, received {trailing} "
+                        f"(full shape {tuple(t.shape)})"
+                    )
+            if t.dtype != f.dtype:
+                if not torch.can_cast(t.dtype, f.dtype):
+                    raise SpecError(
+                        f"field {name!r}: expected dtype {dtype_name(f.dtype)}, received "
+                        f"{dtype_name(t.dtype)}, which cannot be cast safely"
+                    )
+                t = t.to(f.dtype)
+            if device is not None and t.device.type != "cpu" and t.device != device:
+                raise SpecError(
+                    f"field {name!r}: expected a tensor on the host or on {device}, received one on {t.device}"
+                )
+            out[name] = t
+        return out
+
+    def grown_by(self, tensors: Mapping[str, torch.Tensor]) -> ExperienceSpec | None:
+        """The spec after growable fields take the elementwise max shape, or None if unchanged."""
+        changed: dict[str, FieldSpec] = {}
+        for name, f in self.fields.items():
+            trailing = tuple(tensors[name].shape[1:])
+            if f.growable and trailing != f.shape:
+                new_shape = tuple(max(a, b) for a, b in zip(f.shape, trailing))
+                if new_shape != f.shape:
+                    changed[name] = replace(f, shape=new_shape)
+        if not changed:
+            return None
+        return ExperienceSpec({name: changed.get(name, f) for name, f in self.fields.items()})
+
+
+def as_tensors(data: Data) -> dict[str, torch.Tensor]:
+    """Convert a mapping of arrays/tensors to tensors without copying."""
+    out: dict[str, torch.Tensor] = {}
+    for k, v in data.items():
+        if isinstance(v, torch.Tensor):
+            out[k] = v
+        elif isinstance(v, np.ndarray):
+            if v.dtype == object:
+                raise SpecError(f"field {k!r}: object arrays are not supported")
+            if not v.flags.writeable or any(s < 0 for s in v.strides):
+                v = np.array(v)  # torch.from_numpy needs writeable, positively strided memory
+            out[k] = torch.from_numpy(v)
+        elif isinstance(v, (list, tuple, int, float, bool, np.generic)):
+            try:
+                out[k] = torch.as_tensor(np.asarray(v))
+            except (TypeError, ValueError) as e:
+                raise SpecError(f"field {k!r}: cannot convert {type(v).__name__} to a tensor: {e}") from e
+        else:
+            raise SpecError(f"field {k!r}: expected a torch.Tensor or numpy.ndarray, received {type(v).__name__}")
+        if out[k].dim() == 0:
+            raise SpecError(f"field {k!r}: expected a leading batch dimension, received a scalar")
+    return out
+
+
+def batch_size_of(tensors: Mapping[str, torch.Tensor]) -> int:
+    """The common leading dimension of all fields (SpecError when they disagree)."""
+    sizes = {k: int(t.shape[0]) for k, t in tensors.items()}
+    if not sizes:
+        raise SpecError("empty write: no fields")
+    distinct = set(sizes.values())
+    if len(distinct) != 1:
+        raise SpecError(f"fields disagree on the leading (batch) dimension: {sizes}")
+    return distinct.pop()

@@ -1,0 +1,58 @@
+"""The storage protocol: rows of a fixed spec, written by range, read by index.
+
+A storage knows nothing of rings, samplers or generations (the buffer owns
+those); it holds ``rows`` preallocated rows per field and moves bytes. New
+placements (sharded, tiered) are new storages, not new options on the buffer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+
+import torch
+
+from conduit.spec import ExperienceSpec
+
+__all__ = ["Storage"]
+
+
+class Storage(ABC):
+    """``rows`` preallocated rows of ``spec``."""
+
+    def __init__(self, spec: ExperienceSpec, rows: int) -> None:
+        if rows <= 0:
+            raise ValueError(f"rows must be > 0, got {rows}")
+        self.spec = spec
+        self.rows = rows
+
+    @property
+    @abstractmethod
+    def devices(self) -> tuple[torch.device, ...]:
+        """The devices holding rows (one for a single placement)."""
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.spec.bytes_per_sample
+
+    @abstractmethod
+    def write(self, start: int, data: Mapping[str, torch.Tensor]) -> None:
+        """Write ``n`` rows at ``start, start+1, ... (mod rows)``; ``n <= rows``.
+
+        ``data`` is already validated against the spec.
+        """
+
+    @abstractmethod
+    def gather(self, indices: torch.Tensor, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+        """Rows ``indices`` (int64, host) of every field, as new tensors on ``device``.
+
+        ``device=None`` returns them where they live (a single-device storage)
+        or on the first device (a sharded one).
+        """
+
+    @abstractmethod
+    def read(self, start: int, n: int) -> dict[str, torch.Tensor]:
+        """A copy of rows ``start .. start+n`` (mod rows), for checkpoints and migration."""
+
+    def close(self) -> None:
+        """Release memory early (optional)."""

@@ -43,24 +43,33 @@ class Sampled:
 
 
 class _SpecHolder:
-    """Spec inference/validation shared by both buffers."""
+    """Spec inference/validation shared by both buffers.
+
+    The first write that validates defines the spec (when none was declared),
+    so a later, different write is rejected even if the first one has not
+    reached storage yet (overlapped ingestion).
+    """
 
     def __init__(self, spec: ExperienceSpec | None, growable: frozenset[str]) -> None:
         self.spec = spec
         self.growable = growable
+        self._lock = threading.Lock()
 
-    def check(self, parts: Sequence[Data]) -> list[dict[str, torch.Tensor]]:
-        """Validate every part (inferring the spec from the first if unknown)."""
-        spec = self.spec
-        out = []
-        for part in parts:
-            if spec is None:
-                tensors = as_tensors(part)
-                if batch_size_of(tensors) == 0:
-                    raise SpecError("empty write: the leading (batch) dimension is 0 for every field")
-                spec = ExperienceSpec.infer(tensors, self.growable)
-            out.append(spec.validate(part))
-        return out
+    def check(self, parts: Sequence[Data], commit: bool = True) -> list[dict[str, torch.Tensor]]:
+        """Validate every part (inferring the spec from the first if unknown); all or nothing."""
+        with self._lock:
+            spec = self.spec
+            out = []
+            for part in parts:
+                if spec is None:
+                    tensors = as_tensors(part)
+                    if batch_size_of(tensors) == 0:
+                        raise SpecError("empty write: the leading (batch) dimension is 0 for every field")
+                    spec = ExperienceSpec.infer(tensors, self.growable)
+                out.append(spec.validate(part))
+            if commit and self.spec is None:
+                self.spec = spec
+            return out
 
 
 class ReplayBuffer:

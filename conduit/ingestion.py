@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from conduit.buffer import IterationBuffer, ReplayBuffer
-from conduit.errors import ConduitError, RuntimeFailed
+from conduit.errors import ConduitError, RuntimeFailed, SemanticsError
 from conduit.executor import FailureBox, StreamSet, Worker, wait_until
 from conduit.hooks import ACTOR, EXPERIENCE_BUFFER, Reader, Writer
 from conduit.operators import FnOperator, Graph, HookOperator, OperatorKind, Packet
@@ -180,6 +180,13 @@ class IngestionPath:
         with self.cond:
             if not self.on_policy or self._push_iter_rows == 0:
                 return None
+            assert isinstance(self.buffer, IterationBuffer)
+            need = self.buffer.num_minibatches * self.buffer.num_learners
+            if self._push_iter_rows < need:
+                raise SemanticsError(
+                    f"seal(): iteration {self._push_iter} holds {self._push_iter_rows} rows, fewer than "
+                    f"num_minibatches x num_learners = {need}; push more before sealing"
+                )
             it = self._push_iter
             self._close_push_iteration()
             ready = self._take_sealable(it)

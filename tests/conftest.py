@@ -1,0 +1,57 @@
+"""Shared fixtures: a clean default registry, small data makers, hypothesis profiles."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+import conduit
+
+settings.register_profile(
+    "ci",
+    max_examples=int(os.environ.get("CONDUIT_HYPOTHESIS_EXAMPLES", "40")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile("ci")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_default_runtime():
+    """Every test starts with no module-level hooks and no default runtime."""
+    conduit.reset()
+    yield
+    conduit.reset()
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_threads():
+    """A test must not leave Conduit worker threads behind."""
+    before = {t.ident for t in threading.enumerate()}
+    yield
+    leaked = [
+        t for t in threading.enumerate() if t.ident not in before and t.name.startswith("conduit-") and t.is_alive()
+    ]
+    for t in leaked:
+        t.join(2.0)
+    still = [t.name for t in leaked if t.is_alive()]
+    assert not still, f"conduit threads outlived the test: {still}"
+
+
+def transitions(n: int, dim: int = 4, start: int = 0) -> dict[str, torch.Tensor]:
+    """``n`` transitions whose ``tid`` field numbers them ``start..start+n-1``."""
+    tid = torch.arange(start, start + n, dtype=torch.int64)
+    return {
+        "obs": tid.to(torch.float32).unsqueeze(1).repeat(1, dim),
+        "action": tid % 3,
+        "reward": torch.ones(n),
+        "done": torch.zeros(n, dtype=torch.bool),
+        "tid": tid,
+    }
+
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -1,0 +1,128 @@
+"""Ring math, FIFO eviction, generations, all-or-nothing writes, growth."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conduit import ExperienceSpec, FieldSpec, SemanticsError, SpecError
+from conduit.buffer import IterationBuffer, ReplayBuffer
+from conduit.samplers import PrioritizedSampler, UniformSampler
+from conduit.storage import TensorStorage
+from tests.helpers import transitions
+
+
+def ring(capacity=10, sampler=None, **kw):
+    return ReplayBuffer(capacity, TensorStorage, sampler or UniformSampler(capacity), seed=0, **kw)
+
+
+def test_writes_wrap_around_the_ring_fifo():
+    buf = ring(10)
+    buf.write([transitions(7)])
+    buf.write([transitions(6, start=7)])  # wraps: slots 7,8,9,0,1,2
+    assert buf.size == 10 and buf.pos == 3 and buf.inserted == 13
+    tid = buf.contents()["tid"].tolist()
+    assert tid == [10, 11, 12, 3, 4, 5, 6, 7, 8, 9]  # 0,1,2 evicted first
+    assert buf.ids.tolist() == tid
+
+
+def test_multi_part_write_larger_than_capacity_in_total_keeps_the_newest():
+    buf = ring(4)
+    buf.write([transitions(3), transitions(3, start=3)])
+    assert sorted(buf.contents()["tid"].tolist()) == [2, 3, 4, 5]
+
+
+def test_single_write_larger_than_capacity_is_rejected_and_changes_nothing():
+    buf = ring(4)
+    buf.write([transitions(2)])
+    with pytest.raises(SpecError, match="exceeds the buffer capacity of 4"):
+        buf.write([transitions(5)])
+    assert buf.inserted == 2 and buf.contents()["tid"].tolist() == [0, 1]
+
+
+def test_bad_part_rejects_the_whole_write():
+    buf = ring(8)
+    buf.write([transitions(2)])
+    bad = transitions(2, start=2)
+    bad["obs"] = torch.zeros(2, 5)
+    before = (buf.inserted, buf.pos, buf.size, buf.contents()["tid"].tolist(), buf.rng.bit_generator.state)
+    with pytest.raises(SpecError, match="field 'obs'"):
+        buf.write([transitions(2, start=2), bad])
+    after = (buf.inserted, buf.pos, buf.size, buf.contents()["tid"].tolist(), buf.rng.bit_generator.state)
+    assert before == after
+
+
+def test_sample_returns_matching_rows_ids_and_version():
+    buf = ring(16)
+    buf.write([transitions(12)])
+    s = buf.sample(32)
+    assert s.version == 12
+    np.testing.assert_array_equal(s.data["tid"].numpy(), s.ids)
+    np.testing.assert_array_equal(buf.ids[s.indices], s.ids)
+    assert s.data["obs"].shape == (32, 4)
+
+
+def test_priority_updates_skip_slots_overwritten_since_sampling():
+    buf = ring(4, PrioritizedSampler(4, alpha=1.0, eps=0.0))
+    buf.write([transitions(4)])
+    s = buf.sample(8)
+    buf.write([transitions(2, start=4)])  # overwrites slots 0 and 1
+    applied = buf.update_priorities(s.indices, s.ids, np.full(8, 5.0))
+    live = np.isin(s.indices, [2, 3])
+    assert applied == int(live.sum())
+    leaves = buf.sampler.tree.leaves()
+    assert leaves[0] == leaves[1] == 1.0  # new rows: max priority before the update
+    for slot in set(s.indices[live].tolist()):
+        assert leaves[slot] == 5.0
+
+
+def test_update_priorities_validates_lengths_and_values():
+    buf = ring(4, PrioritizedSampler(4))
+    buf.write([transitions(4)])
+    s = buf.sample(2)
+    with pytest.raises(ValueError, match="must match"):
+        buf.update_priorities(s.indices, s.ids, np.ones(3))
+    with pytest.raises(ValueError, match="finite"):
+        buf.update_priorities(s.indices, s.ids, np.array([1.0, np.nan]))
+
+
+def test_sampling_an_empty_buffer_is_an_error():
+    with pytest.raises(SemanticsError):
+        ring(4).sample(1)
+
+
+def test_growable_field_relayout_keeps_every_record_padded():
+    spec = ExperienceSpec.of(obs=FieldSpec("obs", (2,), torch.float32, growable=True), tid=((), "int64"))
+    buf = ring(6, spec=spec)
+    buf.write([{"obs": torch.ones(3, 2), "tid": torch.arange(3)}])
+    buf.write([{"obs": torch.full((2, 5), 2.0), "tid": torch.arange(3, 5)}])
+    assert buf.spec["obs"].shape == (5,)
+    c = buf.contents()
+    assert c["obs"].shape == (5, 5)
+    assert torch.equal(c["obs"][:3, :2], torch.ones(3, 2)) and torch.all(c["obs"][:3, 2:] == 0)
+    assert torch.equal(c["obs"][3:], torch.full((2, 5), 2.0))
+    buf.write([{"obs": torch.ones(1, 2), "tid": torch.tensor([5])}])  # a smaller one is padded
+    assert buf.contents()["obs"][5].tolist() == [1, 1, 0, 0, 0]
+
+
+def test_iteration_buffer_never_mixes_iterations():
+    buf = IterationBuffer(12, TensorStorage, num_minibatches=2, num_epochs=1, num_learners=1, seed=0)
+    buf.write(0, [transitions(4)])
+    buf.write(1, [transitions(4, start=4)])
+    with pytest.raises(SemanticsError, match="more than 2 ahead"):
+        buf.write(2, [transitions(1)])
+    buf.seal(0)
+    with pytest.raises(SemanticsError, match="after it was sealed"):
+        buf.write(0, [transitions(1)])
+    it = buf.current()
+    assert it is not None and it.index == 0 and it.id_array().tolist() == [0, 1, 2, 3]
+    buf.delivered(0, 0, 2)
+    assert buf.current() is None and buf.consumed == 1 and buf.accepts(2)
+
+
+def test_iteration_buffer_grows_for_a_unit_larger_than_its_slack():
+    buf = IterationBuffer(4, TensorStorage, num_minibatches=1, num_epochs=1, num_learners=1)
+    buf.write(0, [transitions(3), transitions(3, start=3)])
+    it = buf.iterations[0]
+    assert it.rows == 6 and it.storage.read(0, 6)["tid"].tolist() == list(range(6))

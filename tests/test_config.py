@@ -1,0 +1,85 @@
+"""Configuration is validated at construction with messages naming the field."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+from pydantic import ValidationError
+
+from conduit import ConduitConfig, Mode, Policy, Schedule, SchedulePin
+from conduit.scheduling.space import delivery_space, feasible_schedules, ingestion_space
+
+
+def off(**kw):
+    base = dict(policy="off_policy", train_batch_size=32, capacity=1000)
+    base.update(kw)
+    return ConduitConfig(**base)
+
+
+def on(**kw):
+    base = dict(policy="on_policy", train_batch_size=64, num_minibatches=4)
+    base.update(kw)
+    return ConduitConfig(**base)
+
+
+@pytest.mark.parametrize(
+    "make, kw, fragment",
+    [
+        (off, dict(capacity=None), "capacity: off-policy replay needs a capacity"),
+        (off, dict(capacity=10), "capacity=10 is smaller than train_batch_size=32"),
+        (off, dict(train_batch_size=0), "train_batch_size"),
+        (off, dict(num_minibatches=4), "num_minibatches=4"),
+        (off, dict(min_size_to_sample=5000), "min_size_to_sample=5000 exceeds capacity=1000"),
+        (off, dict(learner_device="gpu7"), "learner_device='gpu7' is not a torch device"),
+        (off, dict(memory_headroom=1.5), "memory_headroom"),
+        (off, dict(unknown_field=1), "unknown_field"),
+        (on, dict(capacity=10), "capacity=10: on-policy stores exactly one iteration"),
+        (on, dict(sampler="prioritized"), "prioritized sampling is off-policy only"),
+        (on, dict(num_minibatches=100), "num_minibatches=100 exceeds train_batch_size=64"),
+        (on, dict(num_learners=32), "num_learners=32"),
+        (off, dict(num_learners=2, learner_device=["cpu"]), "lists 1 devices but num_learners=2"),
+        (off, dict(schedule=SchedulePin(delivery_granularity=9)), "schedule.delivery_granularity=9"),
+        (on, dict(schedule=SchedulePin(ingestion_overlap=True, ingestion_granularity=1)), "breaks on_policy semantics"),
+        (on, dict(num_minibatches=1, schedule=SchedulePin(delivery_overlap=True)), "breaks on_policy semantics"),
+    ],
+)
+def test_bad_configs_are_rejected_with_the_field_and_value(make, kw, fragment):
+    with pytest.raises(ValidationError) as e:
+        make(**kw)
+    assert fragment in str(e.value)
+
+
+def test_configs_are_frozen():
+    cfg = off()
+    with pytest.raises(ValidationError):
+        cfg.capacity = 5  # type: ignore[misc]
+
+
+def test_feasible_spaces_follow_the_rl_configuration():
+    assert ingestion_space(Policy.OFF_POLICY, g_max=3) == (1, 2, 3)
+    assert ingestion_space(Policy.ON_POLICY, 4) == (Fraction(1, 4), Fraction(1, 2), Fraction(3, 4), 1)
+    assert delivery_space(Policy.ON_POLICY, 4) == (Fraction(1, 4), 1)
+    assert off(g_max=8, max_staleness=2).delivery_space == (1, 2)
+    assert off(g_max=8, max_ingest_lag=3).ingestion_space == (1, 2, 3)
+
+
+def test_on_policy_admits_only_the_modes_of_fig_10():
+    schedules = feasible_schedules(Policy.ON_POLICY, 4)
+    for s in schedules:
+        for mode in (s.ingestion, s.delivery):
+            assert (not mode.overlap and mode.granularity == 1) or (mode.overlap and mode.granularity < 1)
+    # 4 ingestion modes (inline 1, overlap 1/4, 1/2, 3/4) x 2 delivery modes
+    assert len(schedules) == 8
+    assert len(feasible_schedules(Policy.OFF_POLICY, g_ing_max=3, g_del_max=2)) == 4 * 3 * 2
+
+
+def test_default_schedule_and_pins():
+    assert off().default_schedule() == Schedule(Mode(True, 1), Mode(True, 1))
+    assert on().default_schedule() == Schedule(Mode(False, 1), Mode(True, Fraction(1, 4)))
+    pinned = off(schedule=SchedulePin(ingestion_overlap=False, delivery_granularity=3))
+    assert pinned.default_schedule() == Schedule(Mode(False, 1), Mode(True, 3))
+    half = on(schedule=SchedulePin(delivery_overlap=False))
+    assert half.default_schedule().delivery == Mode(False, 1)
+    frac = on(schedule=SchedulePin(ingestion_granularity="1/2"))
+    assert frac.default_schedule().ingestion == Mode(True, Fraction(1, 2))

@@ -1,0 +1,272 @@
+"""Integration tests of the runtime with real worker threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from fractions import Fraction
+
+import pytest
+import torch
+
+import conduit
+from conduit import Conduit, ConduitTimeout, Mode, RuntimeClosed, RuntimeFailed, Schedule, SpecError
+from tests.helpers import transitions
+
+OFF_MODES = [Mode(o, g) for o in (False, True) for g in (1, 2, 3)]
+
+
+def off_runtime(ing: Mode, dlv: Mode, **kw) -> Conduit:
+    cfg = dict(policy="off_policy", train_batch_size=8, capacity=256, seed=0, timeout_s=5.0)
+    cfg.update(kw)
+    return Conduit(schedule=Schedule(ing, dlv), **cfg)
+
+
+@pytest.mark.parametrize("ing", OFF_MODES, ids=str)
+@pytest.mark.parametrize("dlv", OFF_MODES, ids=str)
+def test_off_policy_every_mode_ingests_everything_once_and_delivers_valid_rows(ing, dlv):
+    with off_runtime(ing, dlv) as edp:
+        for u in range(10):
+            edp.push(transitions(16, start=16 * u))
+            if edp.ready():
+                b = edp.pull()
+                assert b.size == 8
+                assert torch.equal(b["tid"], torch.from_numpy(b.info.ids))
+                assert b.info.staleness <= int(dlv.granularity)
+                assert b.info.mode == dlv
+        edp.flush()
+        tids = sorted(edp.buffer.contents()["tid"].tolist())
+        assert tids == list(range(160))
+        s = edp.stats()
+        assert s.pushed_rows == s.ingested_rows == 160
+        assert s.ingestion_invocations == -(-10 // int(ing.granularity))
+
+
+def test_batched_ingestion_lags_by_at_most_g_units():
+    with off_runtime(Mode(False, 3), Mode(False, 1), min_size_to_sample=1) as edp:
+        for u in range(7):
+            edp.push(transitions(4, start=4 * u))
+            pending = edp.stats().pushed_units - edp.stats().ingested_rows // 4
+            assert pending < 3
+        assert edp.stats().ingested_rows == 24  # 6 of 7 units; the 7th waits for its group
+        edp.flush()
+        assert edp.stats().ingested_rows == 28
+
+
+def test_concurrent_actor_threads_lose_and_duplicate_nothing():
+    with off_runtime(Mode(True, 2), Mode(True, 1), capacity=10_000) as edp:
+        def actor(k):
+            for u in range(25):
+                edp.push(transitions(8, start=10_000 * k + 8 * u))
+
+        threads = [threading.Thread(target=actor, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        edp.flush()
+        tids = edp.buffer.contents()["tid"].tolist()
+        expected = [10_000 * k + i for k in range(4) for i in range(200)]
+        assert sorted(tids) == sorted(expected)
+        assert len(set(edp.buffer.ids[: edp.buffer.size].tolist())) == 800
+
+
+def test_data_parallel_learners_each_pull_their_own_batches():
+    with off_runtime(Mode(True, 1), Mode(True, 2), num_learners=3) as edp:
+        edp.push(transitions(64))
+        edp.flush()
+        results = {}
+
+        def learner(rank):
+            results[rank] = [edp.pull(rank) for _ in range(5)]
+
+        threads = [threading.Thread(target=learner, args=(r,)) for r in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for rank, batches in results.items():
+            assert [b.info.pull_index for b in batches] == list(range(5))
+            assert all(b.info.learner == rank and b.size == 8 for b in batches)
+        assert edp.stats().pulls == 15
+
+
+def test_prioritized_replay_end_to_end_with_prefetch():
+    with off_runtime(Mode(True, 1), Mode(True, 2), sampler="prioritized", capacity=32) as edp:
+        edp.push(transitions(32))
+        edp.flush()
+        b = edp.pull()
+        assert b.weights is not None and b.weights.shape == (8,)
+        edp.push(transitions(32, start=32))  # overwrites every slot
+        edp.flush()
+        assert edp.update_priorities(b, torch.ones(8)) == 0  # all stale: dropped
+        b2 = edp.pull(timeout=2)
+        b3 = edp.pull(timeout=2)
+        fresh = [x for x in (b2, b3) if x.info.buffer_version == 64]
+        assert fresh and edp.update_priorities(fresh[0], torch.ones(8)) == 8
+
+
+@pytest.mark.parametrize("ing", [Mode(False, 1), Mode(True, Fraction(1, 4)), Mode(True, Fraction(1, 2))], ids=str)
+@pytest.mark.parametrize("dlv", [Mode(False, 1), Mode(True, Fraction(1, 4))], ids=str)
+def test_on_policy_modes_deliver_each_iteration_exactly(ing, dlv):
+    cfg = dict(policy="on_policy", train_batch_size=32, num_minibatches=4, num_epochs=2, rollout_unit_size=16, seed=1)
+    with Conduit(schedule=Schedule(ing, dlv), **cfg) as edp:
+        for it in range(3):
+            edp.push(transitions(16, start=32 * it))
+            edp.push(transitions(16, start=32 * it + 16))
+            mbs = list(edp.minibatches())
+            assert len(mbs) == 8
+            assert {b.info.iteration for b in mbs} == {it}
+            for epoch in (0, 1):
+                rows = torch.cat([b["tid"] for b in mbs if b.info.epoch == epoch]).tolist()
+                assert sorted(rows) == list(range(32 * it, 32 * it + 32))
+            assert mbs[-1].info.last and not any(b.info.last for b in mbs[:-1])
+
+
+def test_on_policy_seal_closes_a_short_iteration():
+    with Conduit(policy="on_policy", train_batch_size=100, num_minibatches=2) as edp:
+        edp.push(transitions(10))
+        assert edp.seal() == 0
+        mbs = list(edp.minibatches())
+        assert sorted(torch.cat([b["tid"] for b in mbs]).tolist()) == list(range(10))
+
+
+def test_on_policy_seal_refuses_an_iteration_too_small_for_its_minibatches():
+    with Conduit(policy="on_policy", train_batch_size=100, num_minibatches=4) as edp:
+        edp.push(transitions(3))
+        with pytest.raises(conduit.SemanticsError, match="fewer than num_minibatches"):
+            edp.seal()
+        edp.push(transitions(1, start=3))
+        edp.seal()
+        assert len(list(edp.minibatches())) == 4
+
+
+def test_on_policy_data_parallel_learners_split_each_minibatch():
+    cfg = dict(policy="on_policy", train_batch_size=24, num_minibatches=2, num_learners=2, seed=0)
+    with Conduit(**cfg) as edp:
+        edp.push(transitions(24))
+        out = {}
+
+        def learner(r):
+            out[r] = list(edp.minibatches(r))
+
+        ts = [threading.Thread(target=learner, args=(r,)) for r in (0, 1)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        for mb in range(2):
+            shards = [out[r][mb]["tid"] for r in (0, 1)]
+            assert not set(shards[0].tolist()) & set(shards[1].tolist())
+        everything = torch.cat([b["tid"] for r in (0, 1) for b in out[r]]).tolist()
+        assert sorted(everything) == list(range(24))
+
+
+def test_on_policy_back_pressure_waits_for_the_learner_then_times_out():
+    with Conduit(policy="on_policy", train_batch_size=8, timeout_s=0.3) as edp:
+        edp.push(transitions(8))  # iteration 0
+        edp.push(transitions(8))  # iteration 1
+        t0 = time.monotonic()
+        with pytest.raises(ConduitTimeout, match="is a learner pulling"):
+            edp.push(transitions(8))  # iteration 2: two already in flight
+        assert time.monotonic() - t0 < 2
+        list(edp.minibatches())  # consume iteration 0 -> room again
+        edp.push(transitions(8), timeout=1)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_failing_ingestion_hook_surfaces_from_the_next_call_within_a_second(overlap):
+    edp = off_runtime(Mode(overlap, 1), Mode(overlap, 1))
+
+    @edp.register_ingestion(input="Actor", output="ExperienceBuffer")
+    def broken(actor_in, exp_out):
+        raise ZeroDivisionError("boom in the framework's ingestion")
+
+    with edp:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeFailed) as e:
+            for _ in range(100):
+                edp.push(transitions(4))
+                time.sleep(0.01)
+        assert time.monotonic() - t0 < 1.0
+        assert isinstance(e.value.__cause__, ZeroDivisionError)
+        assert "boom in the framework's ingestion" in str(e.value)
+        assert "in broken" in e.value.original_traceback  # the original frame is kept
+        with pytest.raises(RuntimeFailed):
+            edp.pull(timeout=0.2)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_failing_delivery_hook_surfaces_from_pull_within_a_second(overlap):
+    edp = off_runtime(Mode(True, 1), Mode(overlap, 1))
+
+    @edp.register_delivery(input="ExperienceBuffer", output="Learner")
+    def broken(exp_in, learn_out):
+        raise KeyError("missing column")
+
+    with edp:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeFailed, match="missing column"):
+            # the overlapped worker may fail before pull: then flush (the next call) reports it
+            edp.push(transitions(16))
+            edp.flush()
+            edp.pull(timeout=10)
+        assert time.monotonic() - t0 < 1.0
+
+
+def test_bad_input_raises_at_the_offending_push_and_the_runtime_keeps_working():
+    with off_runtime(Mode(True, 1), Mode(True, 1)) as edp:
+        edp.push(transitions(8))
+        bad = transitions(8)
+        bad["obs"] = torch.zeros(8, 7)
+        with pytest.raises(SpecError, match="field 'obs'"):
+            edp.push(bad)
+        edp.push(transitions(8, start=8))
+        edp.flush()
+        assert sorted(edp.buffer.contents()["tid"].tolist()) == list(range(16))
+
+
+def test_pull_before_enough_data_times_out_with_an_explanation():
+    with off_runtime(Mode(False, 2), Mode(False, 1), timeout_s=0.2) as edp:
+        edp.push(transitions(4))  # pending: its group of 2 is incomplete
+        with pytest.raises(ConduitTimeout, match="min_size_to_sample"):
+            edp.pull()
+
+
+def test_close_is_idempotent_joins_threads_and_refuses_further_calls():
+    edp = off_runtime(Mode(True, 1), Mode(True, 1))
+    edp.push(transitions(16))
+    edp.close()
+    edp.close()
+    assert not edp.ingestion.worker.alive and not edp.delivery.worker.alive
+    with pytest.raises(RuntimeClosed):
+        edp.push(transitions(1))
+    with pytest.raises(RuntimeClosed):
+        edp.pull()
+
+
+def test_close_completes_while_a_learner_is_blocked_in_pull():
+    edp = off_runtime(Mode(True, 1), Mode(True, 1), timeout_s=30)
+    errors = []
+
+    def learner():
+        try:
+            edp.pull()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    t = threading.Thread(target=learner)
+    t.start()
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    edp.close()
+    t.join(2)
+    assert not t.is_alive() and time.monotonic() - t0 < 2
+    assert isinstance(errors[0], RuntimeClosed)
+
+
+def test_conflicting_config_arguments():
+    with pytest.raises(conduit.ConfigError):
+        Conduit(conduit.ConduitConfig(policy="off_policy", train_batch_size=1, capacity=2), capacity=3)
+    with pytest.raises(conduit.ConfigError, match="not feasible"):
+        Conduit(policy="on_policy", train_batch_size=8, schedule=Schedule(Mode(True, 1), Mode(False, 1)))

@@ -23,7 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -45,7 +45,7 @@ HookFn = Callable[[Reader, Writer], object]
 @dataclass
 class _Staged:
     data: dict[str, torch.Tensor]
-    info: BatchInfo
+    info: dict[str, object]  # BatchInfo fields but pull_index / version_at_delivery
     event: torch.cuda.Event | None
 
 
@@ -115,8 +115,8 @@ class DeliveryPath(ABC):
         """Gather the claimed rows (processing)."""
 
     @abstractmethod
-    def _infos(self, packet: Packet) -> list[BatchInfo]:
-        """Per-batch provenance for the split parts."""
+    def _infos(self, packet: Packet) -> list[dict[str, object]]:
+        """Per-batch provenance (BatchInfo fields) for the split parts."""
 
     def _on_pulled(self, learner: int, info: BatchInfo) -> None:
         """Called outside cond after a batch was handed to ``learner``."""
@@ -131,6 +131,8 @@ class DeliveryPath(ABC):
     # -- graph operators ------------------------------------------------------
     def _to_learner(self, packet: Packet) -> Packet:
         device: torch.device = packet.meta["device"]
+        if all(v.device == device for part in packet.parts for v in part.values()):
+            return packet
         packet.parts = [
             {k: (v if v.device == device else v.to(device, non_blocking=device.type == "cuda")) for k, v in part.items()}
             for part in packet.parts
@@ -139,6 +141,8 @@ class DeliveryPath(ABC):
 
     def _split(self, packet: Packet) -> Packet:
         sizes: list[int] = packet.meta["sizes"]
+        if len(sizes) == 1 and len(packet.parts) == 1 and next(iter(packet.parts[0].values())).shape[0] == sizes[0]:
+            return packet
         if len(packet.parts) == len(sizes) and all(
             next(iter(p.values())).shape[0] == s for p, s in zip(packet.parts, sizes)
         ):
@@ -199,45 +203,51 @@ class DeliveryPath(ABC):
             raise ValueError(f"learner={learner}: expected a rank in [0, {self.num_learners})")
         timeout = self.timeout if timeout is None else timeout
         if self.worker is None:
-            self._pull_inline(learner, timeout)
-        with self.cond:
-            t_wait = time.perf_counter()
-            wait_until(
-                self.cond, lambda: bool(self.staged[learner]), timeout, self.failure,
-                lambda: self._describe_wait(learner),
-            )
-            self.stats.wait_s += time.perf_counter() - t_wait
-            item = self.staged[learner].popleft()
-            index = self.pulls[learner]
-            self.pulls[learner] += 1
-            self.stats.pulls += 1
-            self.stats.delivered_rows += item.info.indices.shape[0]
-            self.cond.notify_all()
+            item, index = self._pull_inline(learner, timeout)
+        else:
+            with self.cond:
+                if not self.staged[learner]:
+                    t_wait = time.perf_counter()
+                    wait_until(
+                        self.cond, lambda: bool(self.staged[learner]), timeout, self.failure,
+                        lambda: self._describe_wait(learner),
+                    )
+                    self.stats.wait_s += time.perf_counter() - t_wait
+                item, index = self._pop(learner)
+                self.cond.notify_all()
         handoff(item.data, item.event)
-        info = replace(item.info, pull_index=index, version_at_delivery=self._version())
+        info = BatchInfo(pull_index=index, version_at_delivery=self._version(), **item.info)  # type: ignore[arg-type]
         self._on_pulled(learner, info)
         self.stats.pull_s += time.perf_counter() - t0
         return Batch(item.data, info)
 
-    def _pull_inline(self, learner: int, timeout: float) -> None:
+    def _pop(self, learner: int) -> tuple[_Staged, int]:
+        """Take the next staged batch (caller holds cond)."""
+        item = self.staged[learner].popleft()
+        index = self.pulls[learner]
+        self.pulls[learner] += 1
+        self.stats.pulls += 1
+        self.stats.delivered_rows += len(item.info["indices"])  # type: ignore[arg-type]
+        return item, index
+
+    def _pull_inline(self, learner: int, timeout: float) -> tuple[_Staged, int]:
         with self._invoke_locks[learner]:
             with self.cond:
                 if self.staged[learner]:
-                    return
-                t_wait = time.perf_counter()
-                wait_until(
-                    self.cond, lambda: self._can_produce(learner), timeout, self.failure,
-                    lambda: self._describe_wait(learner),
-                )
-                self.stats.wait_s += time.perf_counter() - t_wait
+                    return self._pop(learner)
+                if not self._can_produce(learner):
+                    t_wait = time.perf_counter()
+                    wait_until(
+                        self.cond, lambda: self._can_produce(learner), timeout, self.failure,
+                        lambda: self._describe_wait(learner),
+                    )
+                    self.stats.wait_s += time.perf_counter() - t_wait
                 packet = self._begin(learner)
-            try:
-                staged = self._invoke(learner, packet)
-            except (ConduitError, RuntimeFailed):
-                raise
+            staged = self._invoke(learner, packet)
             with self.cond:
                 self.staged[learner].extend(staged)
                 self.stats.invocations += 1
+                return self._pop(learner)
 
     def close(self, timeout: float) -> bool:
         if self.worker is not None:
@@ -285,14 +295,14 @@ class ReplayDelivery(DeliveryPath):
         )
         return packet
 
-    def _infos(self, packet: Packet) -> list[BatchInfo]:
+    def _infos(self, packet: Packet) -> list[dict[str, object]]:
         m = packet.meta
         out = []
         for i in range(len(m["sizes"])):
             sl = slice(i * self.batch_size, (i + 1) * self.batch_size)
             out.append(
-                BatchInfo(
-                    learner=m["learner"], pull_index=-1, sampled_at_pull=m["sampled_at_pull"],
+                dict(
+                    learner=m["learner"], sampled_at_pull=m["sampled_at_pull"],
                     buffer_version=m["version"], iteration=m["invocation"], epoch=None, minibatch=None,
                     num_minibatches=None, last=False, indices=m["indices"][sl], ids=m["ids"][sl],
                     weights=None if m["weights"] is None else m["weights"][sl], mode=self.mode,
@@ -354,14 +364,14 @@ class MinibatchDelivery(DeliveryPath):
         meta.update(rows=rows, sizes=[len(r) for r in rows], ids=[ids[r] for r in rows], version=self.buffer.inserted)
         return packet
 
-    def _infos(self, packet: Packet) -> list[BatchInfo]:
+    def _infos(self, packet: Packet) -> list[dict[str, object]]:
         meta = packet.meta
         m = self.buffer.num_minibatches
         out = []
         for pos, rows, ids in zip(meta["positions"], meta["rows"], meta["ids"]):
             out.append(
-                BatchInfo(
-                    learner=meta["learner"], pull_index=-1, sampled_at_pull=meta["sampled_at_pull"],
+                dict(
+                    learner=meta["learner"], sampled_at_pull=meta["sampled_at_pull"],
                     buffer_version=meta["version"], iteration=meta["iteration"], epoch=pos // m,
                     minibatch=pos % m, num_minibatches=m, last=pos == self.per_iteration - 1,
                     indices=rows, ids=ids, weights=None, mode=self.mode,

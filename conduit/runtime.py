@@ -39,6 +39,7 @@ from conduit.config import ConduitConfig, Policy, SamplerKind
 from conduit.delivery import DeliveryPath, MinibatchDelivery, ReplayDelivery
 from conduit.errors import ConfigError, RuntimeClosed, SemanticsError
 from conduit.executor import FailureBox
+from conduit.remote import ActorChannel
 from conduit.hooks import HookKind, HookRegistry
 from conduit.ingestion import IngestionPath
 from conduit.samplers import PrioritizedSampler, UniformSampler
@@ -107,6 +108,7 @@ class Conduit:
         self._start_lock = threading.Lock()
         self._started = False
         self._closed = False
+        self._channels: list[ActorChannel] = []
         self.buffer: ReplayBuffer | IterationBuffer | None = None
         self.ingestion: IngestionPath | None = None
         self.delivery: DeliveryPath | None = None
@@ -221,6 +223,17 @@ class Conduit:
         assert self.delivery is not None
         return self.delivery.pull(learner, timeout)
 
+    def actor_channel(self, maxsize: int = 8, context: str = "spawn") -> ActorChannel:
+        """A channel actor *processes* push through (``channel.actor()`` is picklable).
+
+        A receiver thread here feeds every unit into :meth:`push`; the channel
+        closes with the runtime.
+        """
+        self._ensure_started()
+        channel = ActorChannel(self.push, self.failure, maxsize, self.config.timeout_s, context)
+        self._channels.append(channel)
+        return channel
+
     def minibatches(self, learner: int = 0, *, timeout: float | None = None) -> Iterator[Batch]:
         """On-policy: every mini-batch of the next iteration, epoch by epoch."""
         if self.config.policy is not Policy.ON_POLICY:
@@ -315,6 +328,8 @@ class Conduit:
             self._closed = True
             self.failure.closed = True
         stopped = True
+        for channel in self._channels:
+            stopped &= channel.close(timeout)
         for path in (self.ingestion, self.delivery):
             if path is not None:
                 stopped &= path.close(timeout)

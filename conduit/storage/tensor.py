@@ -71,6 +71,15 @@ class TensorStorage(Storage):
 
     def gather(self, indices: torch.Tensor, device: torch.device | None = None) -> dict[str, torch.Tensor]:
         idx = indices if indices.device == self.device else indices.to(self.device)
+        if device is not None and device.type == "cuda" and self.device.type == "cpu":
+            # host rows bound for a GPU: gather into pinned memory so the copy is a real async DMA
+            # (the caching host allocator keeps the block until the copy's stream is done with it)
+            out = {}
+            for name, t in self.tensors.items():
+                staged = torch.empty((idx.shape[0], *t.shape[1:]), dtype=t.dtype, pin_memory=True)
+                torch.index_select(t, 0, idx, out=staged)
+                out[name] = staged.to(device, non_blocking=True)
+            return out
         out = {name: torch.index_select(t, 0, idx) for name, t in self.tensors.items()}
         if device is not None and device != self.device:
             out = {k: v.to(device, non_blocking=device.type == "cuda") for k, v in out.items()}

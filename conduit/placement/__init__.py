@@ -1,0 +1,76 @@
+"""Capacity-constrained, bandwidth-aware placement (paper §5, Alg. 1, Alg. 2, Eq. 3).
+
+Pure planning: where the experience buffer lives and how it moves when the
+per-sample size grows. Nothing here allocates buffers or touches devices except
+:func:`profile_topology`, which measures the live machine.
+
+- :mod:`~conduit.placement.topology` — devices, free memory, bandwidth per path;
+  JSON/YAML files; :mod:`~conduit.placement.builtin` — shipped machines.
+- :mod:`~conduit.placement.live` — micro-benchmarks into a topology.
+- :mod:`~conduit.placement.records` — :class:`Placement`, :class:`PlacementRequest`.
+- :mod:`~conduit.placement.model` — the transfer model and capacity check.
+- :mod:`~conduit.placement.candidates` — the candidate set ``P``.
+- :mod:`~conduit.placement.solver` — Alg. 1 (Eq. 1).
+- :mod:`~conduit.placement.placement_map` — the placement map ``M``.
+- :mod:`~conduit.placement.migration` — Eq. 3 transfer plans.
+"""
+
+from __future__ import annotations
+
+from conduit.placement.builtin import builtin_topology, list_builtin_topologies
+from conduit.placement.candidates import build_candidates
+from conduit.placement.live import profile_topology
+from conduit.placement.migration import (
+    LocalTransfer,
+    MigrationPlan,
+    Transfer,
+    plan_migration,
+    plan_placement_change,
+    round_flows,
+    solve_min_makespan,
+)
+from conduit.placement.model import TransferTime, placement_cost, shard_fits
+from conduit.placement.placement_map import MapRegion, PlacementMap, build_placement_map
+from conduit.placement.records import Placement, PlacementKind, PlacementRequest, Shard, SharePolicy
+from conduit.placement.solver import (
+    CandidateEvaluation,
+    PlacementResult,
+    evaluate_candidates,
+    linear_scan,
+    solve_placement,
+)
+from conduit.placement.topology import Device, DeviceKind, Node, Topology
+
+__all__ = [
+    "CandidateEvaluation",
+    "Device",
+    "DeviceKind",
+    "LocalTransfer",
+    "MapRegion",
+    "MigrationPlan",
+    "Node",
+    "Placement",
+    "PlacementKind",
+    "PlacementMap",
+    "PlacementRequest",
+    "PlacementResult",
+    "Shard",
+    "SharePolicy",
+    "Topology",
+    "Transfer",
+    "TransferTime",
+    "build_candidates",
+    "build_placement_map",
+    "builtin_topology",
+    "evaluate_candidates",
+    "linear_scan",
+    "list_builtin_topologies",
+    "placement_cost",
+    "plan_migration",
+    "plan_placement_change",
+    "profile_topology",
+    "round_flows",
+    "shard_fits",
+    "solve_min_makespan",
+    "solve_placement",
+]

@@ -1,0 +1,86 @@
+"""Live profiling: bounded, valid on a CPU-only machine; GPU paths when CUDA is there."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conduit.errors import PlacementError
+from conduit.placement import (
+    DeviceKind,
+    PlacementKind,
+    PlacementRequest,
+    Topology,
+    profile_topology,
+    solve_placement,
+)
+from conduit.placement.live import host_available_bytes
+
+CUDA = torch.cuda.is_available()
+
+
+def test_profile_is_fast_and_valid(tmp_path: Path) -> None:
+    t0 = time.perf_counter()
+    topo = profile_topology()
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 5.0
+    assert isinstance(topo, Topology) and len(topo.nodes) == 1
+    node = topo.nodes[0]
+    assert node.host_memcpy > 1e8  # > 0.1 GB/s on any machine
+    assert node.host_memory_bytes == pytest.approx(host_available_bytes(), rel=0.5)
+    assert any("median of 5" in n for n in topo.notes)
+    path = tmp_path / "live.yaml"
+    topo.save(path)
+    assert Topology.load(path) == topo
+    result = solve_placement(topo, PlacementRequest(actors="cpu", learners="cpu", capacity=1000), 64)
+    assert result.placement.kind in (PlacementKind.CPU_PAGEABLE, PlacementKind.CPU_PINNED)
+
+
+@pytest.mark.skipif(CUDA, reason="checks the CPU-only shape")
+def test_cpu_only_machine_has_no_pinned_memory() -> None:
+    topo = profile_topology(nbytes=1 << 20, repeats=2)
+    assert [d.kind for d in topo.devices] == [DeviceKind.CPU]
+    assert topo.nodes[0].pinned_memory_bytes is None
+    assert any("no pinned host memory" in n for n in topo.notes)
+    with pytest.raises(PlacementError, match="gpus: expected none on a machine without CUDA"):
+        profile_topology(gpus=[0])
+
+
+def test_time_budget_bounds_the_profile() -> None:
+    t0 = time.perf_counter()
+    topo = profile_topology(nbytes=1 << 20, warmup=3, repeats=50, time_budget_s=0.0)
+    assert time.perf_counter() - t0 < 2.0
+    assert any("time budget" in n for n in topo.notes)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"nbytes": 0}, "nbytes: expected a number >= 1, received 0"),
+        ({"repeats": 0}, "repeats: expected a number >= 1, received 0"),
+        ({"warmup": -1}, "warmup: expected a number >= 0"),
+        ({"pinned_fraction": 0.0}, "pinned_fraction: expected 0 < fraction <= 1"),
+        ({"time_budget_s": -1}, "time_budget_s: expected a number >= 0"),
+    ],
+)
+def test_arguments_are_validated(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(PlacementError, match=message):
+        profile_topology(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_profile_measures_gpus() -> None:
+    topo = profile_topology(nbytes=16 << 20, repeats=3)
+    node = topo.nodes[0]
+    g = torch.cuda.device_count()
+    assert node.gpu_count == g and node.has_pinned
+    assert all(m > 0 for m in node.gpu_memory_bytes)
+    assert node.pinned_to_gpu is not None and all(b > 0 for b in node.pinned_to_gpu)
+    if g > 1:
+        assert topo.bandwidth("cuda:0", "cuda:1") > 0
+    result = solve_placement(topo, PlacementRequest(actors="cpu", learners="cuda:0", capacity=1000), 1024)
+    assert result.placement.kind is PlacementKind.SINGLE_GPU

@@ -25,10 +25,9 @@ from conduit.samplers.base import Sampler
 from conduit.samplers.minibatch import minibatch_plan
 from conduit.spec import Data, ExperienceSpec, as_tensors, batch_size_of
 from conduit.storage.base import Storage
+from conduit.storage.policy import StoragePolicy, copy_rows
 
-__all__ = ["Iteration", "IterationBuffer", "ReplayBuffer", "Sampled", "StorageFactory"]
-
-StorageFactory = Callable[[ExperienceSpec, int], Storage]
+__all__ = ["Iteration", "IterationBuffer", "ReplayBuffer", "Sampled"]
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,7 @@ class ReplayBuffer:
     def __init__(
         self,
         capacity: int,
-        storage_factory: StorageFactory,
+        storage: StoragePolicy,
         sampler: Sampler,
         *,
         spec: ExperienceSpec | None = None,
@@ -86,7 +85,7 @@ class ReplayBuffer:
         growable: frozenset[str] = frozenset(),
     ) -> None:
         self.capacity = capacity
-        self._factory = storage_factory
+        self.policy = storage
         self.sampler = sampler
         self._specs = _SpecHolder(spec, growable)
         self.storage: Storage | None = None
@@ -99,6 +98,7 @@ class ReplayBuffer:
         self.inserted = 0  # rows ever written == next transition id == buffer version
         self._order: StreamOrder | None = None
         self.listeners: list[Callable[[], None]] = []
+        self.migrations = 0
 
     @property
     def spec(self) -> ExperienceSpec | None:
@@ -142,7 +142,7 @@ class ReplayBuffer:
     def _allocate(self, example: Mapping[str, torch.Tensor]) -> None:
         if self._specs.spec is None:
             self._specs.spec = ExperienceSpec.infer(example, self._specs.growable)
-        self.storage = self._factory(self._specs.spec, self.capacity)
+        self.storage = self.policy.create(self._specs.spec, self.capacity)
         self._order = StreamOrder(self.storage.devices[0])
 
     def _maybe_grow(self, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -152,18 +152,20 @@ class ReplayBuffer:
             return
         self.relayout(grown)
 
-    def relayout(self, spec: ExperienceSpec, factory: StorageFactory | None = None) -> None:
-        """Move every row to new storage for ``spec`` (growable fields zero-padded)."""
+    def relayout(self, spec: ExperienceSpec) -> None:
+        """Move every row to storage for ``spec`` (growable fields zero-padded).
+
+        Runs under the buffer lock, so ingestion and delivery are paused and no
+        learner sees a half-migrated batch; the policy decides where the new
+        storage lives and how rows move.
+        """
         with self.lock:
-            old = self.storage
-            self._factory = factory or self._factory
             self._specs.spec = spec
-            new = self._factory(spec, self.capacity)
-            if old is not None and self.size:
-                new.write(0, old.read(0, self.size))
-                old.close()
-            self.storage = new
-            self._order = StreamOrder(new.devices[0])
+            if self.storage is None:
+                return
+            self.storage = self.policy.migrate(self.storage, spec, self.size)
+            self._order = StreamOrder(self.storage.devices[0])
+            self.migrations += 1
 
     # -- reads ----------------------------------------------------------------
     def ready(self, min_rows: int) -> bool:
@@ -233,7 +235,7 @@ class IterationBuffer:
     def __init__(
         self,
         rows: int,
-        storage_factory: StorageFactory,
+        storage: StoragePolicy,
         *,
         num_minibatches: int,
         num_epochs: int,
@@ -245,7 +247,7 @@ class IterationBuffer:
         shuffle: bool = True,
     ) -> None:
         self.rows = rows
-        self._factory = storage_factory
+        self.policy = storage
         self._specs = _SpecHolder(spec, growable)
         self.num_minibatches = num_minibatches
         self.num_epochs = num_epochs
@@ -307,7 +309,7 @@ class IterationBuffer:
         it = self.iterations.get(iteration)
         if it is None:
             assert self._specs.spec is not None
-            storage = self._free.pop() if self._free else self._factory(self._specs.spec, self.rows)
+            storage = self._free.pop() if self._free else self.policy.create(self._specs.spec, self.rows)
             it = Iteration(iteration, storage, ids=[])
             self.iterations[iteration] = it
         return it
@@ -321,9 +323,8 @@ class IterationBuffer:
         need = it.rows + n
         if grown is None and need <= it.storage.rows:
             return
-        new = self._factory(self._specs.spec, max(need, it.storage.rows, self.rows))
-        if it.rows:
-            new.write(0, it.storage.read(0, it.rows))
+        new = self.policy.create(self._specs.spec, max(need, it.storage.rows, self.rows))
+        copy_rows(it.storage, new, it.rows)
         it.storage.close()
         it.storage = new
 

@@ -189,9 +189,9 @@ class ConduitConfig(BaseModel):
 
     def _check_schedule_pin(self) -> None:
         pin = self.schedule
-        for path, overlap, g, space in (
-            ("ingestion", pin.ingestion_overlap, pin.ingestion_granularity, self.ingestion_space),
-            ("delivery", pin.delivery_overlap, pin.delivery_granularity, self.delivery_space),
+        for path, g, space in (
+            ("ingestion", pin.ingestion_granularity, self.ingestion_space),
+            ("delivery", pin.delivery_granularity, self.delivery_space),
         ):
             if g is not None and as_granularity(g) not in space:
                 raise ValueError(

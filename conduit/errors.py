@@ -12,8 +12,8 @@ import traceback
 
 __all__ = [
     "ConduitError",
-    "ConfigError",
     "ConduitTimeout",
+    "ConfigError",
     "HookError",
     "PlacementError",
     "RuntimeClosed",

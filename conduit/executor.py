@@ -113,7 +113,7 @@ class Worker:
         try:
             while not self.stopping.is_set() and self._failure.error is None:
                 self._step()
-        except BaseException as exc:  # noqa: BLE001 - sent back as a value
+        except BaseException as exc:
             self._failure.set(f"{self.name} worker", exc)
         finally:
             with self._wake:

@@ -39,14 +39,14 @@ from conduit.config import ConduitConfig, Policy, SamplerKind
 from conduit.delivery import DeliveryPath, MinibatchDelivery, ReplayDelivery
 from conduit.errors import ConfigError, RuntimeClosed, SemanticsError
 from conduit.executor import FailureBox
-from conduit.remote import ActorChannel
 from conduit.hooks import HookKind, HookRegistry
 from conduit.ingestion import IngestionPath
+from conduit.remote import ActorChannel
 from conduit.samplers import PrioritizedSampler, UniformSampler
 from conduit.samplers.base import Sampler
 from conduit.scheduling.space import Schedule, is_feasible_mode
 from conduit.spec import Data, ExperienceSpec
-from conduit.storage import Storage, TensorStorage
+from conduit.storage import FixedStorage, StoragePolicy
 from conduit.trace import Tracer, global_tracer
 
 __all__ = ["Conduit", "RuntimeStats"]
@@ -88,7 +88,7 @@ class Conduit:
         spec: ExperienceSpec | None = None,
         growable: Iterable[str] = (),
         schedule: Schedule | None = None,
-        storage: Callable[[ExperienceSpec, int], Storage] | None = None,
+        storage: StoragePolicy | None = None,
         tracer: Tracer | None = None,
         registry: HookRegistry | None = None,
         **config_fields: Any,
@@ -103,7 +103,7 @@ class Conduit:
         self.tracer = tracer or global_tracer()
         self.registry = registry or HookRegistry()
         self.schedule = self._check_schedule(schedule or config.default_schedule())
-        self._storage_factory = storage or self._default_storage
+        self.storage_policy: StoragePolicy = storage or FixedStorage(config.storage_device or "cpu")
         self.failure = FailureBox()
         self._start_lock = threading.Lock()
         self._started = False
@@ -136,9 +136,6 @@ class Conduit:
                 )
         return schedule
 
-    def _default_storage(self, spec: ExperienceSpec, rows: int) -> Storage:
-        return TensorStorage(spec, rows, self.config.storage_device or "cpu")
-
     def _make_sampler(self) -> Sampler:
         cfg = self.config
         assert cfg.capacity is not None
@@ -160,7 +157,7 @@ class Conduit:
             if cfg.policy is Policy.OFF_POLICY:
                 assert cfg.capacity is not None
                 self.buffer = ReplayBuffer(
-                    cfg.capacity, self._storage_factory, self._make_sampler(),
+                    cfg.capacity, self.storage_policy, self._make_sampler(),
                     spec=self.spec_declared, seed=cfg.seed, growable=self.growable,
                 )
                 self.delivery = ReplayDelivery(
@@ -170,7 +167,7 @@ class Conduit:
                 )
             else:
                 self.buffer = IterationBuffer(
-                    cfg.storage_rows, self._storage_factory, num_minibatches=cfg.num_minibatches,
+                    cfg.storage_rows, self.storage_policy, num_minibatches=cfg.num_minibatches,
                     num_epochs=cfg.num_epochs, num_learners=cfg.num_learners, spec=self.spec_declared,
                     seed=cfg.seed, growable=self.growable,
                 )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,15 +22,15 @@ import torch
 from conduit.errors import SpecError
 
 __all__ = [
+    "Data",
     "ExperienceSpec",
     "FieldSpec",
-    "Data",
     "as_tensors",
     "batch_size_of",
 ]
 
 #: What users may hand Conduit: a mapping of field name to tensor or array.
-Data = Mapping[str, Union[torch.Tensor, np.ndarray]]
+Data = Mapping[str, torch.Tensor | np.ndarray]
 
 _DTYPE_NAMES: dict[str, torch.dtype] = {
     str(dt).removeprefix("torch."): dt

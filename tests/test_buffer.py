@@ -9,12 +9,12 @@ import torch
 from conduit import ExperienceSpec, FieldSpec, SemanticsError, SpecError
 from conduit.buffer import IterationBuffer, ReplayBuffer
 from conduit.samplers import PrioritizedSampler, UniformSampler
-from conduit.storage import TensorStorage
+from conduit.storage import FixedStorage
 from tests.helpers import transitions
 
 
 def ring(capacity=10, sampler=None, **kw):
-    return ReplayBuffer(capacity, TensorStorage, sampler or UniformSampler(capacity), seed=0, **kw)
+    return ReplayBuffer(capacity, FixedStorage(), sampler or UniformSampler(capacity), seed=0, **kw)
 
 
 def test_writes_wrap_around_the_ring_fifo():
@@ -107,7 +107,7 @@ def test_growable_field_relayout_keeps_every_record_padded():
 
 
 def test_iteration_buffer_never_mixes_iterations():
-    buf = IterationBuffer(12, TensorStorage, num_minibatches=2, num_epochs=1, num_learners=1, seed=0)
+    buf = IterationBuffer(12, FixedStorage(), num_minibatches=2, num_epochs=1, num_learners=1, seed=0)
     buf.write(0, [transitions(4)])
     buf.write(1, [transitions(4, start=4)])
     with pytest.raises(SemanticsError, match="more than 2 ahead"):
@@ -122,7 +122,7 @@ def test_iteration_buffer_never_mixes_iterations():
 
 
 def test_iteration_buffer_grows_for_a_unit_larger_than_its_slack():
-    buf = IterationBuffer(4, TensorStorage, num_minibatches=1, num_epochs=1, num_learners=1)
+    buf = IterationBuffer(4, FixedStorage(), num_minibatches=1, num_epochs=1, num_learners=1)
     buf.write(0, [transitions(3), transitions(3, start=3)])
     it = buf.iterations[0]
     assert it.rows == 6 and it.storage.read(0, 6)["tid"].tolist() == list(range(6))

@@ -252,7 +252,7 @@ def test_close_completes_while_a_learner_is_blocked_in_pull():
     def learner():
         try:
             edp.pull()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             errors.append(e)
 
     t = threading.Thread(target=learner)

@@ -97,7 +97,8 @@ class ReplayBuffer:
         self.size = 0  # valid rows, in [0, size)
         self.inserted = 0  # rows ever written == next transition id == buffer version
         self._order: StreamOrder | None = None
-        self.listeners: list[Callable[[], None]] = []
+        #: called (outside the lock) after rows were written
+        self.on_data: list[Callable[[], None]] = []
         self.migrations = 0
 
     @property
@@ -135,7 +136,7 @@ class ReplayBuffer:
                 self.inserted += n
             self._order.after_write()
             self.changed.notify_all()
-        for fn in self.listeners:
+        for fn in self.on_data:
             fn()
         return first, self.inserted - first
 
@@ -263,7 +264,9 @@ class IterationBuffer:
         self.inserted = 0  # rows ever written == next transition id
         self._free: list[Storage] = []
         self._order: StreamOrder | None = None
-        self.listeners: list[Callable[[], None]] = []
+        #: called (outside the lock) when an iteration was sealed / released
+        self.on_data: list[Callable[[], None]] = []
+        self.on_release: list[Callable[[], None]] = []
 
     @property
     def spec(self) -> ExperienceSpec | None:
@@ -341,7 +344,7 @@ class IterationBuffer:
             it.remaining = [self.num_minibatches * self.num_epochs] * self.num_learners
             self.sealed.add(iteration)
             self.changed.notify_all()
-        for fn in self.listeners:
+        for fn in self.on_data:
             fn()
 
     def current(self) -> Iteration | None:
@@ -376,6 +379,10 @@ class IterationBuffer:
                 else:
                     it.storage.close()
                 self.consumed += 1
+                released = True
+            else:
+                released = False
             self.changed.notify_all()
-        for fn in self.listeners:
-            fn()
+        if released:
+            for fn in self.on_release:
+                fn()

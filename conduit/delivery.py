@@ -80,6 +80,7 @@ class DeliveryPath(ABC):
         self.staged: list[deque[_Staged]] = [deque() for _ in self.devices]
         self.pulls = [0] * self.num_learners
         self._busy = [False] * self.num_learners
+        self._data_waiters = 0  # threads waiting for buffer data (worker or inline pulls)
         self._invoke_locks = [threading.Lock() for _ in self.devices]
         self.stats = DeliveryStats()
         self.streams = [StreamSet(d) for d in self.devices]
@@ -97,9 +98,14 @@ class DeliveryPath(ABC):
             self.worker.start()
 
     def notify(self) -> None:
-        """Wake waiters: new data, a sealed iteration, or a released one."""
+        """New data or a sealed iteration: wake whoever waits for it, and nobody else.
+
+        A needless wake-up costs more than it looks on a loaded CPU: the woken
+        thread must win the GIL and a core from the learner.
+        """
         with self.cond:
-            self.cond.notify_all()
+            if self._data_waiters:
+                self.cond.notify_all()
 
     # -- subclass hooks -------------------------------------------------------
     @abstractmethod
@@ -175,12 +181,15 @@ class DeliveryPath(ABC):
 
     def _step(self) -> None:
         with self.cond:
-            learner = next(
-                (r for r in range(self.num_learners) if not self.staged[r] and not self._busy[r] and self._can_produce(r)),
-                None,
-            )
+            idle = [r for r in range(self.num_learners) if not self.staged[r] and not self._busy[r]]
+            learner = next((r for r in idle if self._can_produce(r)), None)
             if learner is None:
-                self.cond.wait(0.05)
+                starved = bool(idle)  # someone needs a batch but the buffer cannot serve it yet
+                self._data_waiters += starved
+                try:
+                    self.cond.wait(0.05)
+                finally:
+                    self._data_waiters -= starved
                 return
             self._busy[learner] = True
             packet = self._begin(learner)
@@ -237,10 +246,14 @@ class DeliveryPath(ABC):
                     return self._pop(learner)
                 if not self._can_produce(learner):
                     t_wait = time.perf_counter()
-                    wait_until(
-                        self.cond, lambda: self._can_produce(learner), timeout, self.failure,
-                        lambda: self._describe_wait(learner),
-                    )
+                    self._data_waiters += 1
+                    try:
+                        wait_until(
+                            self.cond, lambda: self._can_produce(learner), timeout, self.failure,
+                            lambda: self._describe_wait(learner),
+                        )
+                    finally:
+                        self._data_waiters -= 1
                     self.stats.wait_s += time.perf_counter() - t_wait
                 packet = self._begin(learner)
             staged = self._invoke(learner, packet)

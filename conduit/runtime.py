@@ -179,8 +179,9 @@ class Conduit:
                 mode=self.schedule.ingestion, buffer=self.buffer, hook=self._hook(HookKind.INGESTION),
                 train_batch_size=cfg.train_batch_size, stream_device=self._storage_device(), **common,
             )
-            self.buffer.listeners.append(self.delivery.notify)
-            self.buffer.listeners.append(self._notify_ingestion)
+            self.buffer.on_data.append(self.delivery.notify)
+            if isinstance(self.buffer, IterationBuffer):
+                self.buffer.on_release.append(self._notify_ingestion)
             self.delivery.start()
             self.registry.freeze("the runtime has started; register hooks before the first push/pull")
             self._started = True

@@ -13,12 +13,44 @@ from collections.abc import Mapping
 import torch
 
 from conduit.errors import PlacementError
+from conduit.executor import in_worker
 from conduit.spec import ExperienceSpec
 from conduit.storage.base import Storage
 
-__all__ = ["TensorStorage", "resolve_device"]
+__all__ = ["TensorStorage", "copy_into", "gather_into", "resolve_device"]
 
 PINNED = "pinned"
+
+#: ATen's CPU parallel grain (``at::internal::GRAIN_SIZE``): calls below it run serially.
+SERIAL_ELEMENTS = 32_768
+
+
+def _serial_rows(t: torch.Tensor) -> int:
+    """Rows per call that keep a host op on ``t`` under the parallel grain (0: no chunking needed)."""
+    if t.device.type != "cpu" or not in_worker():
+        return 0
+    row = max(1, t[0].numel()) if t.dim() > 1 else 1
+    return max(1, (SERIAL_ELEMENTS - 1) // row)
+
+
+def gather_into(src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``index_select(src, 0, idx, out=out)``, kept serial on worker threads (see ``in_worker``)."""
+    step = _serial_rows(src)
+    if not step or idx.shape[0] <= step:
+        return torch.index_select(src, 0, idx, out=out)
+    for i in range(0, idx.shape[0], step):
+        torch.index_select(src, 0, idx[i : i + step], out=out[i : i + step])
+    return out
+
+
+def copy_into(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> None:
+    """``dst.copy_(src)``, kept serial on worker threads for host tensors."""
+    step = _serial_rows(dst) if src.device.type == "cpu" else 0
+    if not step or dst.shape[0] <= step:
+        dst.copy_(src, non_blocking=non_blocking)
+        return
+    for i in range(0, dst.shape[0], step):
+        dst[i : i + step].copy_(src[i : i + step], non_blocking=non_blocking)
 
 
 def resolve_device(name: str | torch.device) -> tuple[torch.device, bool]:
@@ -49,7 +81,13 @@ class TensorStorage(Storage):
 
     def _alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         t = torch.empty(shape, dtype=dtype, device=self.device, pin_memory=self.pinned)
-        t.zero_()  # touch the pages now, not on the first write in the hot path
+        # touch the pages now, not on the first write in the hot path (serially on a worker)
+        step = _serial_rows(t)
+        if not step:
+            t.zero_()
+        else:
+            for i in range(0, shape[0], step):
+                t[i : i + step].zero_()
         return t
 
     @property
@@ -65,9 +103,9 @@ class TensorStorage(Storage):
             src = data[name]
             if src.shape[1:] != dst.shape[1:]:
                 src = _pad_to(src, dst.shape[1:])
-            dst[start : start + first].copy_(src[:first], non_blocking=non_blocking)
+            copy_into(dst[start : start + first], src[:first], non_blocking)
             if first < n:
-                dst[: n - first].copy_(src[first:], non_blocking=non_blocking)
+                copy_into(dst[: n - first], src[first:], non_blocking)
 
     def gather(self, indices: torch.Tensor, device: torch.device | None = None) -> dict[str, torch.Tensor]:
         idx = indices if indices.device == self.device else indices.to(self.device)
@@ -77,10 +115,15 @@ class TensorStorage(Storage):
             out = {}
             for name, t in self.tensors.items():
                 staged = torch.empty((idx.shape[0], *t.shape[1:]), dtype=t.dtype, pin_memory=True)
-                torch.index_select(t, 0, idx, out=staged)
-                out[name] = staged.to(device, non_blocking=True)
+                out[name] = gather_into(t, idx, staged).to(device, non_blocking=True)
             return out
-        out = {name: torch.index_select(t, 0, idx) for name, t in self.tensors.items()}
+        if self.device.type == "cpu" and in_worker():
+            out = {
+                name: gather_into(t, idx, t.new_empty((idx.shape[0], *t.shape[1:])))
+                for name, t in self.tensors.items()
+            }
+        else:
+            out = {name: torch.index_select(t, 0, idx) for name, t in self.tensors.items()}
         if device is not None and device != self.device:
             out = {k: v.to(device, non_blocking=device.type == "cuda") for k, v in out.items()}
         return out

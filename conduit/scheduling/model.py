@@ -1,0 +1,137 @@
+"""The iteration-latency cost model and the schedule optimizer (paper §6.2–6.3, Eq. 2, App. E).
+
+Pure functions over measured costs. One *iteration* is one actor→learner round:
+off-policy, one rollout unit and one training batch; on-policy, the rollouts of
+one iteration and its whole update (``M`` mini-batches × epochs).
+
+- ``T̄(g) = T(g) · n(g)``: the per-iteration cost of an operator whose single
+  invocation at granularity ``g`` takes ``T(g)``, run ``n(g)`` times per
+  iteration (``1/g`` off-policy; on-policy the invocations one iteration needs).
+- ``T_ing_path = T_rollout + T̄_ing + overlap·T_sync_ing − hide_ing``
+- ``T_del_path = T_update  + T̄_del + overlap·T_sync_del − hide_del``
+- ``hide = overlap · γ(g) · min(T_neighbour, T̄(g))``, ``γ(g) = 1`` for ``g ≥ 1``,
+  ``1 − g`` for ``0 < g < 1``.
+- Eq. 2: minimise ``T_iter = T_ing_path + T_del_path`` over every feasible
+  schedule; exposed experience-path latency is ``T_iter − T_rollout − T_update``.
+
+``T_sync`` is whatever overlap costs beyond the hidden work: queue hand-off,
+events, and — on a CPU — contention of the worker with the compute it overlaps.
+The profiler calibrates it from measured overlapped runs, so the optimizer
+chooses no overlap where overlap does not pay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from conduit.scheduling.space import Mode, Policy, Schedule
+
+__all__ = ["Costs", "Prediction", "gamma", "optimize", "predict", "rank"]
+
+
+def gamma(g: Fraction) -> float:
+    """How much of the overlappable bound is practically hidden (App. E, Eq. 6)."""
+    return 1.0 if g >= 1 else float(1 - g)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Measured costs in seconds.
+
+    Attributes:
+        policy: decides how many invocations one iteration needs.
+        t_rollout / t_update: one iteration's rollouts / update, alone.
+        t_ing / t_del: wall time of ONE invocation at each granularity.
+        t_sync_ing / t_sync_del: per-iteration cost of overlapping a path.
+        t_other: per-iteration time outside every term (the loop's own bookkeeping);
+            the same for every schedule, so it never changes the choice.
+        units_per_iteration: on-policy rollout units per iteration (``U``).
+        num_minibatches / num_epochs: on-policy ``M`` and epochs.
+    """
+
+    policy: Policy
+    t_rollout: float
+    t_update: float
+    t_ing: Mapping[Fraction, float]
+    t_del: Mapping[Fraction, float]
+    t_sync_ing: float = 0.0
+    t_sync_del: float = 0.0
+    t_other: float = 0.0
+    units_per_iteration: int = 1
+    num_minibatches: int = 1
+    num_epochs: int = 1
+    notes: Mapping[str, float] = field(default_factory=dict)
+
+    def ingestion_invocations(self, g: Fraction) -> float:
+        """Invocations per iteration at ingestion granularity ``g``."""
+        if self.policy is Policy.OFF_POLICY:
+            return float(1 / g)
+        return self.units_per_iteration * float(1 / g)
+
+    def delivery_invocations(self, g: Fraction) -> float:
+        """Invocations per iteration at delivery granularity ``g``."""
+        if self.policy is Policy.OFF_POLICY:
+            return float(1 / g)
+        per_epoch = self.num_minibatches if g < 1 else 1
+        return per_epoch * self.num_epochs
+
+    def per_iteration_ing(self, g: Fraction) -> float:
+        return self.t_ing[g] * self.ingestion_invocations(g)
+
+    def per_iteration_del(self, g: Fraction) -> float:
+        return self.t_del[g] * self.delivery_invocations(g)
+
+
+@dataclass(frozen=True, order=True)
+class Prediction:
+    """The model's answer for one schedule (ordered by ``t_iter``)."""
+
+    t_iter: float
+    exposed: float
+    ingestion_path: float
+    delivery_path: float
+    schedule: Schedule
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "schedule": self.schedule.to_json(),
+            "t_iter_s": self.t_iter,
+            "exposed_s": self.exposed,
+            "ingestion_path_s": self.ingestion_path,
+            "delivery_path_s": self.delivery_path,
+        }
+
+
+def _path(t_neighbour: float, per_iteration: float, mode: Mode, t_sync: float) -> float:
+    if not mode.overlap:
+        return t_neighbour + per_iteration
+    hide = gamma(mode.granularity) * min(t_neighbour, per_iteration)
+    return t_neighbour + per_iteration + t_sync - hide
+
+
+def predict(costs: Costs, schedule: Schedule) -> Prediction:
+    """``T_iter`` of one schedule under the model."""
+    ing = _path(costs.t_rollout, costs.per_iteration_ing(schedule.ingestion.granularity), schedule.ingestion, costs.t_sync_ing)
+    dlv = _path(costs.t_update, costs.per_iteration_del(schedule.delivery.granularity), schedule.delivery, costs.t_sync_del)
+    t_iter = ing + dlv + costs.t_other
+    return Prediction(t_iter, t_iter - costs.t_rollout - costs.t_update, ing, dlv, schedule)
+
+
+def rank(costs: Costs, schedules: Iterable[Schedule]) -> list[Prediction]:
+    """Predictions for every schedule, best first (ties broken by the simpler schedule)."""
+    return sorted((predict(costs, s) for s in schedules), key=lambda p: (p.t_iter, _complexity(p.schedule)))
+
+
+def optimize(costs: Costs, schedules: Iterable[Schedule]) -> Prediction:
+    """Eq. 2: the schedule with the smallest predicted ``T_iter``."""
+    ranked = rank(costs, schedules)
+    if not ranked:
+        raise ValueError("no feasible schedule to choose from")
+    return ranked[0]
+
+
+def _complexity(s: Schedule) -> tuple[int, Fraction, Fraction]:
+    """Prefer fewer overlapped paths and smaller granularities (less staleness) on ties."""
+    return (int(s.ingestion.overlap) + int(s.delivery.overlap), s.delivery.granularity, s.ingestion.granularity)

@@ -1,0 +1,225 @@
+"""The profiler: measures the costs the scheduler's model needs (paper §6.3).
+
+- ``T_ing(g)`` / ``T_del(g)``: the wall time of one invocation of the real
+  ingestion / delivery graph (the registered hooks included) at each feasible
+  granularity, on data of the real experience spec, in a scratch runtime on the
+  chosen storage; warm-up, repeats, medians.
+- ``T_rollout`` / ``T_update``: supplied, or measured from the loop alone.
+- ``T_sync``: what overlapping a path costs beyond the work it hides —
+  hand-off and, on a CPU, contention with the compute it overlaps. It is
+  calibrated from short runs of the real loop: all-inline, then each path
+  overlapped at ``g = 1`` (or the smallest fraction on-policy); the difference
+  between measured and modeled-without-sync time is ``T_sync``. The all-inline
+  run also calibrates ``t_other``, the loop's own per-iteration bookkeeping.
+
+Everything is bounded: a handful of invocations per granularity and a few dozen
+loop iterations per calibration run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import torch
+
+from conduit.config import ConduitConfig
+from conduit.hooks import HookRegistry
+from conduit.runtime import Conduit
+from conduit.scheduling.model import Costs, predict
+from conduit.scheduling.space import Mode, Policy, Schedule
+from conduit.storage.policy import StoragePolicy
+from conduit.synthetic import SyntheticWorkload, run_loop, standalone_costs
+
+__all__ = ["ProfileResult", "ProfileSettings", "measure_delivery", "measure_ingestion", "profile_workload"]
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    warmup: int = 2
+    repeats: int = 7
+    loop_iterations: int = 20
+    loop_warmup: int = 4
+    scratch_bytes: int = 256 << 20  # scratch replay buffers hold at most this much
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    costs: Costs
+    calibration: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _scratch_config(cfg: ConduitConfig, bytes_per_sample: int, settings: ProfileSettings, need_rows: int) -> ConduitConfig:
+    if cfg.policy is Policy.ON_POLICY:
+        return cfg.model_copy(update={"timeout_s": 60.0})
+    assert cfg.capacity is not None
+    rows = max(need_rows, min(cfg.capacity, settings.scratch_bytes // max(1, bytes_per_sample)))
+    rows = max(rows, cfg.train_batch_size * cfg.g_max)
+    return cfg.model_copy(update={"capacity": rows, "min_size_to_sample": None, "timeout_s": 60.0})
+
+
+def _timings(graph: Any, skip: int) -> float:
+    times = [t for t, _ in list(graph.timings)[skip:]]
+    if not times:
+        raise RuntimeError(f"the {graph.name} graph recorded no invocations to time")
+    return statistics.median(times)
+
+
+def measure_ingestion(
+    cfg: ConduitConfig,
+    pool: Sequence[dict[str, torch.Tensor]],
+    granularities: Sequence[Fraction],
+    *,
+    registry: HookRegistry | None = None,
+    storage: StoragePolicy | None = None,
+    settings: ProfileSettings = ProfileSettings(),
+) -> dict[Fraction, float]:
+    """Median wall time of one ingestion invocation at each granularity."""
+    out: dict[Fraction, float] = {}
+    unit_rows = int(next(iter(pool[0].values())).shape[0])
+    bps = sum(int(v[0].numel() * v.element_size()) for v in pool[0].values())
+    for g in granularities:
+        invocations = settings.warmup + settings.repeats
+        units = invocations * int(g) if g >= 1 else -(-invocations * g.numerator // g.denominator)
+        scfg = _scratch_config(cfg, bps, settings, units * unit_rows)
+        ing = Mode(g < 1, g)
+        dlv = Mode(False, Fraction(1))
+        with Conduit(scfg, schedule=Schedule(ing, dlv), registry=_copy(registry), storage=storage) as edp:
+            for k in range(units):
+                edp.push(pool[k % len(pool)])
+                if cfg.policy is Policy.ON_POLICY and edp.ready():
+                    for _ in edp.minibatches():
+                        pass
+            edp.flush()
+            assert edp.ingestion is not None
+            out[g] = _timings(edp.ingestion.graph, settings.warmup)
+    return out
+
+
+def measure_delivery(
+    cfg: ConduitConfig,
+    pool: Sequence[dict[str, torch.Tensor]],
+    granularities: Sequence[Fraction],
+    *,
+    registry: HookRegistry | None = None,
+    storage: StoragePolicy | None = None,
+    settings: ProfileSettings = ProfileSettings(),
+) -> dict[Fraction, float]:
+    """Median wall time of one delivery invocation at each granularity."""
+    out: dict[Fraction, float] = {}
+    bps = sum(int(v[0].numel() * v.element_size()) for v in pool[0].values())
+    for g in granularities:
+        scfg = _scratch_config(cfg, bps, settings, 0)
+        dlv = Mode(g < 1, g)
+        with Conduit(scfg, schedule=Schedule(Mode(False, Fraction(1)), dlv), registry=_copy(registry), storage=storage) as edp:
+            invocations = settings.warmup + settings.repeats
+            if cfg.policy is Policy.OFF_POLICY:
+                assert scfg.capacity is not None
+                k = 0
+                while edp.stats().ingested_rows < scfg.capacity:
+                    edp.push(pool[k % len(pool)])
+                    k += 1
+                for _ in range(invocations * int(g)):
+                    edp.pull()
+            else:
+                k = 0
+                assert edp.delivery is not None
+                while edp.delivery.graph.invocations < invocations:
+                    while not edp.ready():
+                        edp.push(pool[k % len(pool)])
+                        k += 1
+                    for _ in edp.minibatches():
+                        pass
+            assert edp.delivery is not None
+            out[g] = _timings(edp.delivery.graph, settings.warmup)
+    return out
+
+
+def _copy(registry: HookRegistry | None) -> HookRegistry | None:
+    """A fresh registry with the same hooks (a started runtime freezes its registry)."""
+    if registry is None:
+        return None
+    fresh = HookRegistry()
+    fresh._hooks = dict(registry._hooks)
+    return fresh
+
+
+def calibrate(
+    workload: SyntheticWorkload,
+    costs: Costs,
+    settings: ProfileSettings = ProfileSettings(),
+    progress: Progress | None = None,
+) -> tuple[Costs, dict[str, float]]:
+    """Fit ``t_other`` and ``T_sync`` per path from short runs of the real loop."""
+    pool = workload.units()
+    one = Fraction(1)
+    if workload.policy is Policy.OFF_POLICY:
+        base = Schedule(Mode(False, one), Mode(False, one))
+        ing_probe = Schedule(Mode(True, one), Mode(False, one))
+        del_probe = Schedule(Mode(False, one), Mode(True, one))
+    else:
+        frac = Fraction(1, workload.num_minibatches)
+        base = Schedule(Mode(False, one), Mode(False, one))
+        ing_probe = Schedule(Mode(True, frac), Mode(False, one)) if workload.num_minibatches > 1 else None
+        del_probe = Schedule(Mode(False, one), Mode(True, frac)) if workload.num_minibatches > 1 else None
+
+    def measured(schedule: Schedule) -> float:
+        if progress:
+            progress(f"calibrating {schedule}")
+        return run_loop(workload, schedule, settings.loop_iterations, settings.loop_warmup, pool=pool).median
+
+    m_base = measured(base)
+    t_other = m_base - predict(costs, base).t_iter
+    calib = {"t_iter_all_inline": m_base, "t_other": t_other}
+    sync_ing = sync_del = 0.0
+    if ing_probe is not None:
+        m = measured(ing_probe)
+        sync_ing = m - t_other - predict(costs, ing_probe).t_iter
+        calib["t_iter_ingestion_overlap"] = m
+    if del_probe is not None:
+        m = measured(del_probe)
+        sync_del = m - t_other - predict(costs, del_probe).t_iter
+        calib["t_iter_delivery_overlap"] = m
+    fitted = Costs(
+        policy=costs.policy, t_rollout=costs.t_rollout, t_update=costs.t_update, t_ing=costs.t_ing,
+        t_del=costs.t_del, t_sync_ing=sync_ing, t_sync_del=sync_del, t_other=t_other,
+        units_per_iteration=costs.units_per_iteration, num_minibatches=costs.num_minibatches,
+        num_epochs=costs.num_epochs,
+    )
+    return fitted, calib
+
+
+def profile_workload(
+    workload: SyntheticWorkload,
+    *,
+    settings: ProfileSettings = ProfileSettings(),
+    g_max: int = 4,
+    progress: Progress | None = None,
+) -> ProfileResult:
+    """Profile the synthetic workload end to end: rollout/update, T_ing(g), T_del(g), T_sync."""
+    t0 = time.perf_counter()
+    cfg = workload.config(g_max=g_max)
+    pool = workload.units()
+    if progress:
+        progress("rollout and update alone")
+    t_rollout, t_update = standalone_costs(workload)
+    if progress:
+        progress("ingestion granularities")
+    t_ing = measure_ingestion(cfg, pool, cfg.ingestion_space, settings=settings)
+    if progress:
+        progress("delivery granularities")
+    t_del = measure_delivery(cfg, pool, cfg.delivery_space, settings=settings)
+    costs = Costs(
+        policy=workload.policy, t_rollout=t_rollout, t_update=t_update, t_ing=t_ing, t_del=t_del,
+        units_per_iteration=workload.units_per_iteration, num_minibatches=workload.num_minibatches,
+        num_epochs=workload.num_epochs,
+    )
+    costs, calib = calibrate(workload, costs, settings, progress)
+    return ProfileResult(costs, calib, time.perf_counter() - t0)

@@ -1,0 +1,116 @@
+"""Validation of the cost model against measurement (the paper's Fig. 15 and Tab. 4).
+
+For each workload dimension: profile, then run every feasible manual schedule
+of the synthetic loop, measure ``T_iter``, and compare with the model's
+prediction: Pearson r and MAPE over all configurations, whether the predicted
+top-k ordering matches the measured one, and where the automatic choice lands
+relative to the best measured configuration (the lower envelope).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from conduit.scheduling.model import Prediction, optimize, predict
+from conduit.scheduling.profiler import ProfileResult, ProfileSettings, profile_workload
+from conduit.scheduling.space import Schedule, feasible_schedules
+from conduit.synthetic import SyntheticWorkload, run_loop
+
+__all__ = ["DimensionReport", "ValidationReport", "mape", "pearson", "validate"]
+
+
+def pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
+    n = len(xs)
+    if n < 2:
+        return float("nan")
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float("nan")
+
+
+def mape(predicted: Sequence[float], measured: Sequence[float]) -> float:
+    return 100.0 * sum(abs(p - m) / m for p, m in zip(predicted, measured)) / len(measured)
+
+
+@dataclass
+class DimensionReport:
+    workload: SyntheticWorkload
+    profile: ProfileResult
+    rows: list[tuple[Schedule, float, float]] = field(default_factory=list)  # (schedule, predicted, measured)
+    auto: Prediction | None = None
+
+    @property
+    def best_measured(self) -> tuple[Schedule, float]:
+        s, _, m = min(self.rows, key=lambda r: r[2])
+        return s, m
+
+    @property
+    def auto_measured(self) -> float:
+        assert self.auto is not None
+        return next(m for s, _, m in self.rows if s == self.auto.schedule)
+
+    @property
+    def auto_vs_best(self) -> float:
+        """Measured T_iter of the automatic choice over the best measured one (1.0 = on the envelope)."""
+        return self.auto_measured / self.best_measured[1]
+
+    def topk_match(self, k: int = 8) -> bool:
+        """Whether the k configurations the model ranks best are, in order, the k measured best."""
+        by_pred = [s for s, _, _ in sorted(self.rows, key=lambda r: r[1])][:k]
+        by_meas = [s for s, _, _ in sorted(self.rows, key=lambda r: r[2])][:k]
+        return by_pred == by_meas
+
+    def topk_overlap(self, k: int = 8) -> float:
+        by_pred = {s for s, _, _ in sorted(self.rows, key=lambda r: r[1])[:k]}
+        by_meas = {s for s, _, _ in sorted(self.rows, key=lambda r: r[2])[:k]}
+        return len(by_pred & by_meas) / max(1, min(k, len(self.rows)))
+
+
+@dataclass
+class ValidationReport:
+    dimensions: list[DimensionReport]
+
+    @property
+    def predicted(self) -> list[float]:
+        return [p for d in self.dimensions for _, p, _ in d.rows]
+
+    @property
+    def measured(self) -> list[float]:
+        return [m for d in self.dimensions for _, _, m in d.rows]
+
+    @property
+    def pearson_r(self) -> float:
+        return pearson(self.predicted, self.measured)
+
+    @property
+    def mape(self) -> float:
+        return mape(self.predicted, self.measured)
+
+
+def validate(
+    workloads: Sequence[SyntheticWorkload],
+    *,
+    settings: ProfileSettings = ProfileSettings(),
+    g_max: int = 4,
+    iterations: int = 20,
+    progress: Callable[[str], None] | None = None,
+) -> ValidationReport:
+    """Profile each workload, then measure every feasible manual schedule of its loop."""
+    reports = []
+    for w in workloads:
+        prof = profile_workload(w, settings=settings, g_max=g_max, progress=progress)
+        cfg = w.config(g_max=g_max)
+        schedules = feasible_schedules(cfg.policy, cfg.num_minibatches, g_max, g_max)
+        rep = DimensionReport(w, prof, auto=optimize(prof.costs, schedules))
+        pool = w.units()
+        for s in schedules:
+            if progress:
+                progress(f"dim {w.dim}: {s}")
+            measured = run_loop(w, s, iterations, max(3, iterations // 5), pool=pool).median
+            rep.rows.append((s, predict(prof.costs, s).t_iter, measured))
+        reports.append(rep)
+    return ValidationReport(reports)

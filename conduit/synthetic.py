@@ -1,0 +1,245 @@
+"""The synthetic stress test (the paper's, after Reverb's): an actor/learner loop.
+
+Transitions are float32 ``obs``/``next_obs`` of a configurable dimension, an
+int64 ``action``, a float32 ``reward`` and a bool ``done``. Rollout and update
+costs are configurable: ``compute`` burns CPU with torch matmuls (a learner
+update on a CPU competes with Conduit's workers for the cores) and ``sleep``
+releases the CPU the way a GPU learner or a remote actor would.
+
+The loop is the same for every schedule: off-policy, each iteration rolls out
+one unit, pushes it, pulls one batch and updates on it; on-policy, each
+iteration rolls out ``U`` units, then updates on every mini-batch. Its
+per-iteration wall time, minus the rollout and update costs measured alone, is
+the exposed experience-path latency (DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+import torch
+
+from conduit.config import ConduitConfig
+from conduit.runtime import Conduit
+from conduit.scheduling.space import Policy, Schedule
+from conduit.spec import ExperienceSpec
+
+__all__ = ["Burner", "CostKind", "LoopResult", "SyntheticWorkload", "run_loop"]
+
+
+class CostKind(str, Enum):
+    COMPUTE = "compute"
+    SLEEP = "sleep"
+
+
+class Burner:
+    """Spends a calibrated number of milliseconds of torch compute (or sleeps).
+
+    The compute is a chain of ``size x size`` matmuls (~0.1-0.3 ms each at 256 on
+    two cores): op granularity like a learner's layers, so the loop hands the
+    GIL back and forth as often as a real update does, not every few microseconds.
+    """
+
+    _calibration: dict[int, float] = {}
+
+    def __init__(self, kind: CostKind = CostKind.COMPUTE, size: int = 256) -> None:
+        self.kind = kind
+        self.size = size
+        self._a = torch.randn(size, size)
+        self._b = torch.randn(size, size)
+        if kind is CostKind.COMPUTE and size not in Burner._calibration:
+            Burner._calibration[size] = self._calibrate()
+
+    def _calibrate(self, window: float = 0.02, windows: int = 7) -> float:
+        for _ in range(10):
+            torch.mm(self._a, self._b)
+        per_op = []
+        for _ in range(windows):  # the median window: one hiccup must not skew every later burn
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < window:
+                torch.mm(self._a, self._b)
+                n += 1
+            per_op.append((time.perf_counter() - t0) / n)
+        return statistics.median(per_op)
+
+    def burn(self, ms: float) -> None:
+        if ms <= 0:
+            return
+        if self.kind is CostKind.SLEEP:
+            time.sleep(ms / 1e3)
+            return
+        for _ in range(max(1, round(ms / 1e3 / Burner._calibration[self.size]))):
+            torch.mm(self._a, self._b)
+
+
+@dataclass(frozen=True)
+class SyntheticWorkload:
+    """A DQN-like (off-policy) or PPO-like (on-policy) loop of configurable size and cost."""
+
+    policy: Policy = Policy.OFF_POLICY
+    dim: int = 1000
+    unit_size: int = 256
+    batch_size: int = 512
+    capacity: int = 20_000
+    units_per_iteration: int = 4
+    num_minibatches: int = 4
+    num_epochs: int = 1
+    rollout_ms: float = 2.0
+    update_ms: float = 8.0
+    cost: CostKind = CostKind.COMPUTE
+    seed: int = 0
+
+    @property
+    def spec(self) -> ExperienceSpec:
+        return ExperienceSpec.of(
+            obs=((self.dim,), "float32"),
+            next_obs=((self.dim,), "float32"),
+            action=((), "int64"),
+            reward=((), "float32"),
+            done=((), "bool"),
+        )
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return self.spec.bytes_per_sample
+
+    @property
+    def train_batch_size(self) -> int:
+        return self.batch_size if self.policy is Policy.OFF_POLICY else self.unit_size * self.units_per_iteration
+
+    def config(self, **overrides: Any) -> ConduitConfig:
+        if self.policy is Policy.OFF_POLICY:
+            base: dict[str, Any] = dict(
+                policy=self.policy, train_batch_size=self.batch_size, capacity=self.capacity,
+                rollout_unit_size=self.unit_size, seed=self.seed,
+            )
+        else:
+            base = dict(
+                policy=self.policy, train_batch_size=self.train_batch_size, rollout_unit_size=self.unit_size,
+                num_minibatches=self.num_minibatches, num_epochs=self.num_epochs, seed=self.seed,
+            )
+        base.update(overrides)
+        return ConduitConfig(**base)
+
+    def with_(self, **changes: Any) -> SyntheticWorkload:
+        return replace(self, **changes)
+
+    def units(self, count: int = 4) -> list[dict[str, torch.Tensor]]:
+        """A small pool of random rollout units, reused round-robin (generation is not rollout cost)."""
+        g = torch.Generator().manual_seed(self.seed)
+        n = self.unit_size
+        return [
+            {
+                "obs": torch.randn(n, self.dim, generator=g),
+                "next_obs": torch.randn(n, self.dim, generator=g),
+                "action": torch.randint(0, 16, (n,), generator=g),
+                "reward": torch.randn(n, generator=g),
+                "done": torch.rand(n, generator=g) < 0.01,
+            }
+            for _ in range(count)
+        ]
+
+
+@dataclass
+class LoopResult:
+    """Per-iteration timings of one run of the loop (seconds)."""
+
+    schedule: Schedule
+    t_iter: list[float] = field(default_factory=list)
+    push_s: float = 0.0
+    pull_s: float = 0.0
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.t_iter)
+
+    def exposed(self, t_rollout: float, t_update: float) -> float:
+        return self.median - t_rollout - t_update
+
+
+def _touch(batch: Any) -> None:
+    """What every learner does first: read the batch."""
+    for v in batch.values():
+        if v.dtype.is_floating_point:
+            v.sum()
+
+
+def run_loop(
+    workload: SyntheticWorkload,
+    schedule: Schedule,
+    iterations: int = 30,
+    warmup: int = 5,
+    *,
+    rollout: Callable[[], None] | None = None,
+    update: Callable[[Any], None] | None = None,
+    runtime_factory: Callable[[ConduitConfig, Schedule], Conduit] | None = None,
+    pool: list[dict[str, torch.Tensor]] | None = None,
+    tracer: Any = None,
+) -> LoopResult:
+    """Run the actor/learner loop through a real runtime with ``schedule``."""
+    burner = Burner(workload.cost)
+    rollout = rollout or (lambda: burner.burn(workload.rollout_ms))
+    update_fn = update or (lambda b: (burner.burn(workload.update_ms), _touch(b)))
+    pool = pool or workload.units()
+    cfg = workload.config(timeout_s=120.0)
+    edp = runtime_factory(cfg, schedule) if runtime_factory else Conduit(cfg, schedule=schedule, tracer=tracer)
+    result = LoopResult(schedule)
+    k = 0
+    with edp:
+        if workload.policy is Policy.OFF_POLICY:
+            while edp.stats().ingested_rows < cfg.sample_min:  # prefill: learning starts
+                edp.push(pool[k % len(pool)])
+                edp.flush()
+                k += 1
+        for i in range(warmup + iterations):
+            t0 = time.perf_counter()
+            if workload.policy is Policy.OFF_POLICY:
+                rollout()
+                edp.push(pool[k % len(pool)])
+                k += 1
+                update_fn(edp.pull())
+            else:
+                for _ in range(workload.units_per_iteration):
+                    rollout()
+                    edp.push(pool[k % len(pool)])
+                    k += 1
+                for mb in edp.minibatches():
+                    update_fn(mb)
+            if i >= warmup:
+                result.t_iter.append(time.perf_counter() - t0)
+        st = edp.stats()
+        result.push_s, result.pull_s = st.push_s, st.pull_s
+    return result
+
+
+def standalone_costs(workload: SyntheticWorkload, repeats: int = 15) -> tuple[float, float]:
+    """``(T_rollout, T_update)`` per iteration, each measured alone (medians)."""
+    burner = Burner(workload.cost)
+    rows = (
+        workload.batch_size if workload.policy is Policy.OFF_POLICY
+        else workload.train_batch_size // workload.num_minibatches
+    )
+    batch = workload.with_(unit_size=rows).units(1)[0]
+
+    def timed(fn: Callable[[], None]) -> float:
+        fn()
+        ts = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    if workload.policy is Policy.OFF_POLICY:
+        t_r = timed(lambda: burner.burn(workload.rollout_ms))
+        t_u = timed(lambda: (burner.burn(workload.update_ms), _touch(batch)))
+        return t_r, t_u
+    steps = workload.num_minibatches * workload.num_epochs
+    t_r = timed(lambda: [burner.burn(workload.rollout_ms) for _ in range(workload.units_per_iteration)])
+    t_u = timed(lambda: [(burner.burn(workload.update_ms), _touch(batch)) for _ in range(steps)])
+    return t_r, t_u

@@ -241,20 +241,24 @@ class ConduitConfig(BaseModel):
         return self.train_batch_size + (self.rollout_unit_size or self.train_batch_size)
 
     def default_schedule(self) -> Schedule:
-        """The schedule used when nothing was profiled: the pinned knobs, else a safe default.
+        """The schedule used when nothing was profiled: the pinned knobs, else a measured prior.
 
-        Off-policy: overlap both paths at g=1 (one-step overlap, like SRL/Ape-X).
-        On-policy: inline ingestion (g=1), pipelined delivery (g=1/M) when M>1.
-        :mod:`conduit.scheduling` replaces this with a measured, cost-based plan.
+        Learners on a GPU: overlap both paths (off-policy g=1, one-step overlap
+        like SRL/Ape-X; on-policy delivery pipelined at g=1/M), because side-stream
+        copies and host work then run beside GPU compute. Learners on the CPU:
+        inline, because a worker thread competes with the learner's own threads
+        for the cores and the GIL (measured in BENCHMARKS.md). The profiler and
+        optimizer in :mod:`conduit.scheduling` replace this prior with a plan.
         """
         pin = self.schedule
+        gpu = any(d.startswith("cuda") for d in self.learner_devices)
+        one = Fraction(1)
         if self.policy is Policy.OFF_POLICY:
-            ing = Mode(True, Fraction(1))
-            dlv = Mode(True, Fraction(1))
+            ing = dlv = Mode(gpu, one)
         else:
-            ing = Mode(False, Fraction(1))
+            ing = Mode(False, one)
             m = self.num_minibatches
-            dlv = Mode(True, Fraction(1, m)) if m > 1 else Mode(False, Fraction(1))
+            dlv = Mode(True, Fraction(1, m)) if gpu and m > 1 else Mode(False, one)
         ing = _apply_pin(self.policy, ing, pin.ingestion_overlap, pin.ingestion_granularity, self.ingestion_space)
         dlv = _apply_pin(self.policy, dlv, pin.delivery_overlap, pin.delivery_granularity, self.delivery_space)
         return Schedule(ing, dlv)

@@ -74,10 +74,15 @@ def test_on_policy_admits_only_the_modes_of_fig_10():
     assert len(feasible_schedules(Policy.OFF_POLICY, g_ing_max=3, g_del_max=2)) == 4 * 3 * 2
 
 
-def test_default_schedule_and_pins():
-    assert off().default_schedule() == Schedule(Mode(True, 1), Mode(True, 1))
-    assert on().default_schedule() == Schedule(Mode(False, 1), Mode(True, Fraction(1, 4)))
-    pinned = off(schedule=SchedulePin(ingestion_overlap=False, delivery_granularity=3))
+def test_default_schedule_overlaps_for_gpu_learners_and_stays_inline_on_cpu():
+    assert off().default_schedule() == Schedule(Mode(False, 1), Mode(False, 1))
+    assert on().default_schedule() == Schedule(Mode(False, 1), Mode(False, 1))
+    assert off(learner_device="cuda:0").default_schedule() == Schedule(Mode(True, 1), Mode(True, 1))
+    assert on(learner_device="cuda:0").default_schedule() == Schedule(Mode(False, 1), Mode(True, Fraction(1, 4)))
+
+
+def test_schedule_pins():
+    pinned = off(schedule=SchedulePin(ingestion_overlap=False, delivery_overlap=True, delivery_granularity=3))
     assert pinned.default_schedule() == Schedule(Mode(False, 1), Mode(True, 3))
     half = on(schedule=SchedulePin(delivery_overlap=False))
     assert half.default_schedule().delivery == Mode(False, 1)

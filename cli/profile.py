@@ -1,0 +1,245 @@
+"""``conduit profile``: profile this machine and a workload, print the plan Conduit chooses.
+
+With no arguments it runs the embedded synthetic workload — a DQN-like
+off-policy loop and a PPO-like on-policy loop at transition dimension 1,000 —
+through the real runtime, and prints the profiled costs, the ranked candidate
+schedules with predicted ``T_iter`` and exposed experience-path latency, the
+chosen placement + schedule, and a measured check of the choice against the
+inline baseline (an RLlib-style buffer). ``--json`` writes the same to stdout
+machine-readably; ``--validate`` runs the cost-model validation sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import typer
+import yaml
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from conduit.scheduling.model import Costs, optimize, predict, rank
+from conduit.scheduling.profiler import ProfileSettings, profile_workload
+from conduit.scheduling.space import Mode, Policy, Schedule, feasible_schedules
+from conduit.synthetic import CostKind, SyntheticWorkload, run_loop
+
+POLICIES = {"off": [Policy.OFF_POLICY], "on": [Policy.ON_POLICY], "both": [Policy.OFF_POLICY, Policy.ON_POLICY]}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}"
+
+
+def machine_info() -> dict[str, Any]:
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu_count": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "gpus": gpus,
+    }
+
+
+def inline_baseline(policy: Policy) -> Schedule:
+    """An RLlib-style buffer: ingest right after rollout, sample right before update."""
+    one = Mode(False, 1)
+    return Schedule(one, one)
+
+
+def _load_config(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    text = path.read_text()
+    data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
+    if not isinstance(data, dict):
+        raise typer.BadParameter(f"{path}: expected a mapping of workload fields")
+    return data
+
+
+def profile(
+    policy: str = typer.Option("both", help="Which loop to profile: off (DQN-like), on (PPO-like) or both."),
+    dim: int = typer.Option(1000, min=1, help="Transition dimension (float32 obs and next_obs)."),
+    batch_size: int = typer.Option(512, min=1, help="Off-policy training batch size."),
+    unit_size: int = typer.Option(256, min=1, help="Transitions per rollout unit (one push)."),
+    capacity: int = typer.Option(20_000, min=1, help="Off-policy replay capacity."),
+    units_per_iteration: int = typer.Option(4, min=1, help="On-policy rollout units per iteration."),
+    minibatches: int = typer.Option(4, min=1, help="On-policy mini-batches per epoch (M)."),
+    epochs: int = typer.Option(1, min=1, help="On-policy epochs per iteration."),
+    rollout_ms: float = typer.Option(2.0, min=0, help="Rollout cost per unit (ms)."),
+    update_ms: float = typer.Option(8.0, min=0, help="Update cost per training batch / mini-batch (ms)."),
+    cost: CostKind = typer.Option(CostKind.COMPUTE, help="compute: burn CPU; sleep: release it, as a GPU learner would."),
+    g_max: int = typer.Option(4, min=1, max=16, help="Cap on off-policy granularities."),
+    config: Path | None = typer.Option(None, exists=True, dir_okay=False, help="JSON/YAML file with these fields."),
+    check: bool = typer.Option(True, help="Measure the chosen plan against the inline baseline."),
+    validate: bool = typer.Option(False, "--validate", help="Also run the cost-model validation sweep."),
+    dims: str = typer.Option("128,1000,5000,10000", help="Dimensions for --validate."),
+    as_json: bool = typer.Option(False, "--json", help="Write machine-readable JSON to stdout instead of tables."),
+) -> None:
+    """Profile hardware and workload, rank candidate schedules, print the chosen plan."""
+    if policy not in POLICIES:
+        raise typer.BadParameter(f"--policy must be one of {sorted(POLICIES)}, got {policy!r}")
+    fields: dict[str, Any] = dict(
+        dim=dim, batch_size=batch_size, unit_size=unit_size, capacity=capacity,
+        units_per_iteration=units_per_iteration, num_minibatches=minibatches, num_epochs=epochs,
+        rollout_ms=rollout_ms, update_ms=update_ms, cost=cost,
+    )
+    fields.update(_load_config(config))
+    console = Console(stderr=as_json)
+    t_start = time.perf_counter()
+    out: dict[str, Any] = {"machine": machine_info(), "workloads": []}
+    if not as_json:
+        _print_machine(console, out["machine"])
+    for pol in POLICIES[policy]:
+        try:
+            workload = SyntheticWorkload(policy=pol, **{k: v for k, v in fields.items() if k != "policy"})
+        except TypeError as e:
+            raise typer.BadParameter(f"--config: {e}") from e
+        out["workloads"].append(_profile_one(console, workload, g_max, check, as_json))
+    if validate:
+        out["validation"] = _validate(console, fields, [int(d) for d in dims.split(",")], g_max, as_json)
+    out["seconds"] = time.perf_counter() - t_start
+    if as_json:
+        json.dump(out, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        console.print(f"\n[dim]profiled in {out['seconds']:.1f} s[/dim]")
+
+
+def _profile_one(console: Console, w: SyntheticWorkload, g_max: int, check: bool, quiet: bool) -> dict[str, Any]:
+    label = "DQN-like off-policy" if w.policy is Policy.OFF_POLICY else "PPO-like on-policy"
+    with Progress(
+        SpinnerColumn(), TextColumn("[bold]{task.description}"), TimeElapsedColumn(),
+        console=console, transient=True, disable=quiet,
+    ) as bar:
+        task = bar.add_task(f"{label}: profiling")
+        result = profile_workload(
+            w, settings=ProfileSettings(), g_max=g_max,
+            progress=lambda msg: bar.update(task, description=f"{label}: {msg}"),
+        )
+        cfg = w.config(g_max=g_max)
+        schedules = feasible_schedules(w.policy, cfg.num_minibatches, g_max, g_max)
+        ranked = rank(result.costs, schedules)
+        chosen = optimize(result.costs, schedules)
+        baseline = predict(result.costs, inline_baseline(w.policy))
+        measured: dict[str, Any] = {}
+        if check:
+            bar.update(task, description=f"{label}: measuring the plan against inline")
+            pool = w.units()
+            for name, sched in (("inline", baseline.schedule), ("chosen", chosen.schedule)):
+                res = run_loop(w, sched, iterations=25, warmup=5, pool=pool)
+                measured[name] = {
+                    "t_iter_s": res.median,
+                    "exposed_s": res.exposed(result.costs.t_rollout, result.costs.t_update),
+                }
+    doc = {
+        "workload": {k: (v.value if hasattr(v, "value") else v) for k, v in w.__dict__.items()},
+        "bytes_per_sample": w.bytes_per_sample,
+        "costs": _costs_json(result.costs),
+        "calibration": result.calibration,
+        "candidates": [p.to_json() for p in ranked],
+        "chosen": {"schedule": chosen.schedule.to_json(), "placement": "cpu", **chosen.to_json()},
+        "baseline": baseline.to_json(),
+        "measured": measured,
+        "profile_seconds": result.seconds,
+    }
+    if not quiet:
+        _print_profile(console, label, w, result.costs, ranked, chosen, baseline, measured)
+    return doc
+
+
+def _costs_json(c: Costs) -> dict[str, Any]:
+    return {
+        "t_rollout_s": c.t_rollout,
+        "t_update_s": c.t_update,
+        "t_ing_s": {str(g): t for g, t in c.t_ing.items()},
+        "t_del_s": {str(g): t for g, t in c.t_del.items()},
+        "t_sync_ing_s": c.t_sync_ing,
+        "t_sync_del_s": c.t_sync_del,
+        "t_other_s": c.t_other,
+    }
+
+
+def _print_machine(console: Console, m: dict[str, Any]) -> None:
+    gpus = ", ".join(m["gpus"]) or "none"
+    console.print(f"[bold]Conduit profile[/bold]  torch {m['torch']}, {m['cpu_count']} CPU threads, GPUs: {gpus}")
+
+
+def _print_profile(console, label, w, costs, ranked, chosen, baseline, measured) -> None:  # type: ignore[no-untyped-def]
+    console.print(
+        f"\n[bold cyan]{label}[/bold cyan]: dim {w.dim} ({w.bytes_per_sample:,} B/transition), "
+        f"unit {w.unit_size}, batch {w.train_batch_size}, cost={w.cost.value}"
+    )
+    t = Table(title="Profiled costs (ms)", show_lines=False)
+    t.add_column("term")
+    t.add_column("per invocation", justify="right")
+    t.add_column("per iteration", justify="right")
+    t.add_row("T_rollout", "", _ms(costs.t_rollout))
+    t.add_row("T_update", "", _ms(costs.t_update))
+    for g, v in costs.t_ing.items():
+        t.add_row(f"T_ing(g={g})", _ms(v), _ms(costs.per_iteration_ing(g)))
+    for g, v in costs.t_del.items():
+        t.add_row(f"T_del(g={g})", _ms(v), _ms(costs.per_iteration_del(g)))
+    t.add_row("T_sync ingestion (fitted)", "", _ms(costs.t_sync_ing))
+    t.add_row("T_sync delivery (fitted)", "", _ms(costs.t_sync_del))
+    console.print(t)
+
+    r = Table(title="Candidate schedules, best first (model)")
+    for col in ("#", "ingestion", "delivery", "T_iter ms", "exposed ms"):
+        r.add_column(col, justify="right" if "ms" in col or col == "#" else "left")
+    shown = ranked[:8]
+    if baseline.schedule not in [p.schedule for p in shown]:
+        shown = [*shown, baseline]
+    for p in shown:
+        style = "bold green" if p.schedule == chosen.schedule else ("yellow" if p.schedule == baseline.schedule else "")
+        idx = next(i for i, q in enumerate(ranked) if q.schedule == p.schedule) + 1
+        r.add_row(str(idx), str(p.schedule.ingestion), str(p.schedule.delivery), _ms(p.t_iter), _ms(p.exposed), style=style)
+    console.print(r)
+    console.print(
+        f"[bold green]Plan:[/bold green] placement [bold]cpu[/bold]; ingestion [bold]{chosen.schedule.ingestion}[/bold], "
+        f"delivery [bold]{chosen.schedule.delivery}[/bold]; predicted exposed {_ms(chosen.exposed)} ms "
+        f"vs inline {_ms(baseline.exposed)} ms"
+    )
+    if measured:
+        inl, ch = measured["inline"], measured["chosen"]
+        cut = 1 - ch["exposed_s"] / inl["exposed_s"] if inl["exposed_s"] > 0 else float("nan")
+        console.print(
+            f"[bold]Measured:[/bold] T_iter {_ms(ch['t_iter_s'])} ms vs inline {_ms(inl['t_iter_s'])} ms; exposed "
+            f"{_ms(ch['exposed_s'])} ms vs {_ms(inl['exposed_s'])} ms ({cut:+.0%} cut)"
+        )
+
+
+def _validate(console: Console, fields: dict[str, Any], dims: list[int], g_max: int, quiet: bool) -> dict[str, Any]:
+    from conduit.scheduling.validate import validate
+
+    workloads = [SyntheticWorkload(policy=Policy.OFF_POLICY, **{**fields, "dim": d}) for d in dims]
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console, transient=True, disable=quiet) as bar:
+        task = bar.add_task("validating")
+        rep = validate(workloads, g_max=g_max, progress=lambda m: bar.update(task, description=m))
+    rows = []
+    for d in rep.dimensions:
+        best_s, best = d.best_measured
+        rows.append({
+            "dim": d.workload.dim, "configs": len(d.rows), "best_schedule": best_s.to_json(), "best_t_iter_s": best,
+            "auto_schedule": d.auto.schedule.to_json() if d.auto else None, "auto_t_iter_s": d.auto_measured,
+            "auto_vs_best": d.auto_vs_best, "top8_match": d.topk_match(8), "top8_overlap": d.topk_overlap(8),
+        })
+    doc = {"pearson_r": rep.pearson_r, "mape_pct": rep.mape, "dimensions": rows}
+    if not quiet:
+        t = Table(title=f"Cost model vs measurement: Pearson r = {rep.pearson_r:.3f}, MAPE = {rep.mape:.1f}%")
+        for col in ("dim", "configs", "best measured ms", "auto measured ms", "auto/best", "top-8 order", "top-8 overlap"):
+            t.add_column(col, justify="right")
+        for row in rows:
+            t.add_row(
+                str(row["dim"]), str(row["configs"]), _ms(row["best_t_iter_s"]), _ms(row["auto_t_iter_s"]),
+                f"{row['auto_vs_best']:.3f}", "yes" if row["top8_match"] else "no", f"{row['top8_overlap']:.0%}",
+            )
+        console.print(t)
+    return doc

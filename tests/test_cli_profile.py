@@ -1,0 +1,44 @@
+"""`conduit profile` end to end with typer's CliRunner (tiny workloads)."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from conduit.cli.main import app
+
+TINY = ["--dim", "16", "--unit-size", "32", "--batch-size", "32", "--capacity", "2048", "--rollout-ms", "0.2", "--update-ms", "0.5"]
+
+
+def test_profile_json_reports_costs_candidates_and_a_feasible_plan():
+    result = CliRunner().invoke(app, ["profile", "--json", "--no-check", *TINY])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert {w["workload"]["policy"] for w in doc["workloads"]} == {"off_policy", "on_policy"}
+    for w in doc["workloads"]:
+        costs = w["costs"]
+        assert costs["t_rollout_s"] > 0 and costs["t_update_s"] > 0
+        assert costs["t_ing_s"] and costs["t_del_s"]
+        cands = w["candidates"]
+        assert cands == sorted(cands, key=lambda c: c["t_iter_s"])
+        assert w["chosen"]["schedule"] == cands[0]["schedule"]
+        if w["workload"]["policy"] == "on_policy":
+            for c in cands:
+                for path in ("ingestion", "delivery"):
+                    mode = c["schedule"][path]
+                    assert (not mode["overlap"] and mode["granularity"] == "1") or (
+                        mode["overlap"] and mode["granularity"] != "1"
+                    )
+
+
+def test_profile_prints_tables_and_a_plan():
+    result = CliRunner().invoke(app, ["profile", "--policy", "off", *TINY])
+    assert result.exit_code == 0, result.output
+    for text in ("Profiled costs", "Candidate schedules", "Plan:", "Measured:"):
+        assert text in result.output
+
+
+def test_profile_rejects_an_unknown_policy():
+    result = CliRunner().invoke(app, ["profile", "--policy", "sideways"])
+    assert result.exit_code != 0

@@ -1,0 +1,39 @@
+"""Packaging: every subpackage is listed, and `import conduit` stays light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAPPING = {"conduit": "conduit", "conduit.integrations": "integrations", "conduit.cli": "cli"}
+
+
+def test_every_package_folder_is_listed_in_pyproject():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = set()
+    for pkg, folder in MAPPING.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([pkg, *rel.parts]) if rel.parts else pkg)
+    assert found == listed, f"missing from pyproject: {sorted(found - listed)}; stale: {sorted(listed - found)}"
+
+
+def test_import_conduit_does_not_import_cli_or_frameworks():
+    code = (
+        "import sys, conduit; "
+        "bad = [m for m in ('typer', 'rich', 'ray', 'conduit.cli', 'conduit.integrations', 'gymnasium') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_public_api_is_curated_and_sorted():
+    import conduit
+
+    assert conduit.__all__ == sorted(conduit.__all__)
+    for name in conduit.__all__:
+        assert hasattr(conduit, name), name

@@ -9,7 +9,7 @@ DESIGN.md §2 are written against these fields.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -19,9 +19,8 @@ from conduit.scheduling.space import Mode
 __all__ = ["Batch", "BatchInfo"]
 
 
-@dataclass(frozen=True)
-class BatchInfo:
-    """Provenance of one delivered batch.
+class BatchInfo(NamedTuple):
+    """Provenance of one delivered batch (immutable; a NamedTuple because one is built per pull).
 
     Attributes:
         learner: the data-parallel learner rank it was delivered to.

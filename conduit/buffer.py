@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -30,8 +31,7 @@ from conduit.storage.policy import StoragePolicy, copy_rows
 __all__ = ["Iteration", "IterationBuffer", "ReplayBuffer", "Sampled"]
 
 
-@dataclass(frozen=True)
-class Sampled:
+class Sampled(NamedTuple):
     """One off-policy draw: gathered rows plus what the learner may need to know."""
 
     data: dict[str, torch.Tensor]

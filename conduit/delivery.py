@@ -24,6 +24,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -42,8 +43,7 @@ __all__ = ["DeliveryPath", "DeliveryStats", "MinibatchDelivery", "ReplayDelivery
 HookFn = Callable[[Reader, Writer], object]
 
 
-@dataclass
-class _Staged:
+class _Staged(NamedTuple):
     data: dict[str, torch.Tensor]
     info: dict[str, object]  # BatchInfo fields but pull_index / version_at_delivery
     event: torch.cuda.Event | None

@@ -7,16 +7,14 @@ touch tensors. The buffer calls them under its lock.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 __all__ = ["Draw", "Sampler"]
 
 
-@dataclass(frozen=True)
-class Draw:
+class Draw(NamedTuple):
     """Slots drawn for one invocation, with importance weights when prioritized."""
 
     indices: np.ndarray  # int64

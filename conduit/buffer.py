@@ -144,7 +144,7 @@ class ReplayBuffer:
         if self._specs.spec is None:
             self._specs.spec = ExperienceSpec.infer(example, self._specs.growable)
         self.storage = self.policy.create(self._specs.spec, self.capacity)
-        self._order = StreamOrder(self.storage.devices[0])
+        self._order = StreamOrder(self.storage.devices)
 
     def _maybe_grow(self, tensors: Mapping[str, torch.Tensor]) -> None:
         assert self._specs.spec is not None and self.storage is not None
@@ -161,11 +161,12 @@ class ReplayBuffer:
         storage lives and how rows move.
         """
         with self.lock:
-            self._specs.spec = spec
             if self.storage is None:
+                self._specs.spec = spec
                 return
-            self.storage = self.policy.migrate(self.storage, spec, self.size)
-            self._order = StreamOrder(self.storage.devices[0])
+            self.storage = self.policy.migrate(self.storage, spec, self.size)  # may raise: spec unchanged
+            self._specs.spec = spec
+            self._order = StreamOrder(self.storage.devices)
             self.migrations += 1
 
     # -- reads ----------------------------------------------------------------
@@ -294,7 +295,7 @@ class IterationBuffer:
             it = self._get(iteration)
             first = self.inserted
             if self._order is None:
-                self._order = StreamOrder(it.storage.devices[0])
+                self._order = StreamOrder(it.storage.devices)
             self._order.before_write()  # a reused store may still be read by a delivery stream
             for tensors in checked:
                 n = batch_size_of(tensors)

@@ -23,7 +23,7 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -205,32 +205,36 @@ def handoff(tensors: Mapping[str, torch.Tensor], event: torch.cuda.Event | None)
 
 
 class StreamOrder:
-    """Orders writes and reads of one CUDA-resident storage across streams.
+    """Orders writes and reads of one storage across streams, on each CUDA device it spans.
 
     Writers (ingestion stream) and readers (delivery stream, or the caller's
     stream inline) run on different streams; before a read the current stream
-    waits for the last write of every stream (RAW), and before a write for the
-    last read of every stream (WAR: a gather still reading a slot the ring is
-    about to overwrite). Call under the buffer's lock. A no-op for host storage.
+    waits for the last write of every other stream (RAW), and before a write for
+    the last read of every other stream (WAR: a gather still reading a slot the
+    ring is about to overwrite). Call under the buffer's lock. A no-op for host
+    storage.
     """
 
-    def __init__(self, device: torch.device) -> None:
-        self.enabled = device.type == "cuda"
-        self.device = device
-        self._writes: dict[int, torch.cuda.Event] = {}
-        self._reads: dict[int, torch.cuda.Event] = {}
+    def __init__(self, devices: torch.device | Iterable[torch.device]) -> None:
+        devs = [devices] if isinstance(devices, torch.device) else list(devices)
+        self.devices = list(dict.fromkeys(d for d in devs if d.type == "cuda"))
+        self.enabled = bool(self.devices)
+        self._writes: dict[tuple[torch.device, int], torch.cuda.Event] = {}
+        self._reads: dict[tuple[torch.device, int], torch.cuda.Event] = {}
 
-    def _mark(self, into: dict[int, torch.cuda.Event]) -> None:
-        stream = torch.cuda.current_stream(self.device)
-        ev = torch.cuda.Event()
-        ev.record(stream)
-        into[stream.cuda_stream] = ev
+    def _mark(self, into: dict[tuple[torch.device, int], torch.cuda.Event]) -> None:
+        for device in self.devices:
+            stream = torch.cuda.current_stream(device)
+            ev = torch.cuda.Event()
+            ev.record(stream)
+            into[(device, stream.cuda_stream)] = ev
 
-    def _wait(self, events: dict[int, torch.cuda.Event]) -> None:
-        stream = torch.cuda.current_stream(self.device)
-        for sid, ev in events.items():
-            if sid != stream.cuda_stream:
-                stream.wait_event(ev)
+    def _wait(self, events: dict[tuple[torch.device, int], torch.cuda.Event]) -> None:
+        for device in self.devices:
+            stream = torch.cuda.current_stream(device)
+            for (dev, sid), ev in events.items():
+                if dev == device and sid != stream.cuda_stream:
+                    stream.wait_event(ev)
 
     def before_write(self) -> None:
         if self.enabled:

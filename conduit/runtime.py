@@ -103,7 +103,7 @@ class Conduit:
         self.tracer = tracer or global_tracer()
         self.registry = registry or HookRegistry()
         self.schedule = self._check_schedule(schedule or config.default_schedule())
-        self.storage_policy: StoragePolicy = storage or FixedStorage(config.storage_device or "cpu")
+        self.storage_policy: StoragePolicy = storage or self._default_storage_policy()
         self.failure = FailureBox()
         self._start_lock = threading.Lock()
         self._started = False
@@ -135,6 +135,20 @@ class Conduit:
                     f"(granularities {[str(g) for g in space]}; on-policy admits only inline g=1 and overlapped 0<g<1)"
                 )
         return schedule
+
+    def _default_storage_policy(self) -> StoragePolicy:
+        """A pinned ``storage_device`` wins; with GPUs, Alg. 1 on the profiled machine; else host memory."""
+        cfg = self.config
+        if cfg.storage_device is not None:
+            return FixedStorage(cfg.storage_device)
+        if not torch.cuda.is_available():
+            return FixedStorage("cpu")  # the only candidate on a machine without GPUs
+        from conduit.placement.policy import PlacementPolicy  # scipy and the planner, only when they can matter
+
+        capacity = cfg.capacity if cfg.policy is Policy.OFF_POLICY else 2 * cfg.storage_rows
+        return PlacementPolicy.for_this_machine(
+            learners=list(cfg.learner_devices), capacity=capacity, headroom=cfg.memory_headroom
+        )
 
     def _make_sampler(self) -> Sampler:
         cfg = self.config
@@ -193,10 +207,12 @@ class Conduit:
         return spec.fn if spec is not None else None
 
     def _storage_device(self) -> torch.device:
+        """The device whose stream ingestion copies run on: the storage GPU, else the first GPU learner."""
         d = self.config.storage_device
-        if d is None or d == "pinned":
-            return torch.device("cpu")
-        return torch.device(d)
+        if d is not None and d.startswith("cuda"):
+            return torch.device(d)
+        gpus = [x for x in self.config.learner_devices if x.startswith("cuda")]
+        return torch.device(gpus[0]) if gpus else torch.device("cpu")
 
     def _notify_ingestion(self) -> None:
         if self.ingestion is not None:
@@ -311,7 +327,7 @@ class Conduit:
         return {
             "policy": self.config.policy.value,
             "schedule": self.schedule.to_json(),
-            "storage_device": self.config.storage_device or "cpu",
+            "storage": repr(getattr(self.storage_policy, "active", None) or self.storage_policy),
             "spec": self.spec.to_json() if self.spec else None,
             "ingestion_graph": self.ingestion.graph.describe() if self.ingestion else None,
             "delivery_graph": self.delivery.graph.describe() if self.delivery else None,

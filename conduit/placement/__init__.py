@@ -2,7 +2,8 @@
 
 Pure planning: where the experience buffer lives and how it moves when the
 per-sample size grows. Nothing here allocates buffers or touches devices except
-:func:`profile_topology`, which measures the live machine.
+:func:`profile_topology`, which measures the live machine, and
+:class:`PlacementPolicy`, which allocates storage and moves rows.
 
 - :mod:`~conduit.placement.topology` — devices, free memory, bandwidth per path;
   JSON/YAML files; :mod:`~conduit.placement.builtin` — shipped machines.
@@ -13,6 +14,9 @@ per-sample size grows. Nothing here allocates buffers or touches devices except
 - :mod:`~conduit.placement.solver` — Alg. 1 (Eq. 1).
 - :mod:`~conduit.placement.placement_map` — the placement map ``M``.
 - :mod:`~conduit.placement.migration` — Eq. 3 transfer plans.
+- :mod:`~conduit.placement.relayout` — which rows move where, keeping ring slots.
+- :mod:`~conduit.placement.policy` — :class:`PlacementPolicy`, the storage policy
+  that allocates the buffer where Alg. 1 says and migrates it (Alg. 2).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from conduit.placement.migration import (
 )
 from conduit.placement.model import TransferTime, placement_cost, shard_fits
 from conduit.placement.placement_map import MapRegion, PlacementMap, build_placement_map
+from conduit.placement.policy import MigrationRecord, PlacementPolicy, this_machine_topology
 from conduit.placement.records import Placement, PlacementKind, PlacementRequest, Shard, SharePolicy
 from conduit.placement.solver import (
     CandidateEvaluation,
@@ -48,10 +53,12 @@ __all__ = [
     "LocalTransfer",
     "MapRegion",
     "MigrationPlan",
+    "MigrationRecord",
     "Node",
     "Placement",
     "PlacementKind",
     "PlacementMap",
+    "PlacementPolicy",
     "PlacementRequest",
     "PlacementResult",
     "Shard",
@@ -73,4 +80,5 @@ __all__ = [
     "shard_fits",
     "solve_min_makespan",
     "solve_placement",
+    "this_machine_topology",
 ]

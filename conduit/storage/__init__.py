@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from conduit.storage.base import Storage
 from conduit.storage.policy import FixedStorage, StoragePolicy, copy_rows
+from conduit.storage.sharded import RowLayout, ShardedStorage
 from conduit.storage.tensor import TensorStorage, resolve_device
 
-__all__ = ["FixedStorage", "Storage", "StoragePolicy", "TensorStorage", "copy_rows", "resolve_device"]
+__all__ = [
+    "FixedStorage",
+    "RowLayout",
+    "ShardedStorage",
+    "Storage",
+    "StoragePolicy",
+    "TensorStorage",
+    "copy_rows",
+    "resolve_device",
+]

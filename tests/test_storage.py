@@ -1,0 +1,210 @@
+"""Storage contract: every implementation behaves as one preallocated ring of rows.
+
+Parametrized over :class:`TensorStorage` and :class:`ShardedStorage` (several
+layouts, uneven ones and migrated multi-segment ones included, all CPU shards
+here); each is checked against a naive reference (a dict of plain tensors).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conduit.errors import PlacementError
+from conduit.spec import ExperienceSpec, FieldSpec
+from conduit.storage import RowLayout, ShardedStorage, Storage, TensorStorage
+from conduit.storage.sharded import RowCopy, Segment, copy_block, move_rows
+
+ROWS = 23
+SPEC = ExperienceSpec.of(
+    obs=FieldSpec("obs", (3,), torch.float32, growable=True),
+    action=((), "int64"),
+    done=((), "bool"),
+    img=((2, 2), "uint8"),
+)
+
+# a layout where shards hold scattered, out-of-order ring ranges (what a migration produces)
+SCRAMBLED = RowLayout(
+    (9, 6, 8),
+    [Segment(0, 4, 2, 4), Segment(4, 5, 0, 0), Segment(9, 6, 1, 0), Segment(15, 4, 2, 0), Segment(19, 4, 0, 5)],
+)
+
+Factory = Callable[[ExperienceSpec, int], Storage]
+FACTORIES: dict[str, Factory] = {
+    "tensor": lambda spec, rows: TensorStorage(spec, rows, "cpu"),
+    "sharded-1": lambda spec, rows: ShardedStorage(spec, rows, [("cpu", rows)]),
+    "sharded-even": lambda spec, rows: ShardedStorage(spec, rows, [("cpu", rows - 2 * (rows // 3))] + [("cpu", rows // 3)] * 2),
+    "sharded-uneven": lambda spec, rows: ShardedStorage(spec, rows, [("cpu", 1), ("cpu", rows - 6), ("cpu", 5)]),
+    "sharded-scrambled": lambda spec, rows: ShardedStorage(spec, rows, [("cpu", 9), ("cpu", 6), ("cpu", 8)], layout=SCRAMBLED),
+}
+
+
+@pytest.fixture(params=sorted(FACTORIES))
+def make(request: pytest.FixtureRequest) -> Factory:
+    return FACTORIES[request.param]
+
+
+def rows_of(start: int, n: int, dim: int = 3) -> dict[str, torch.Tensor]:
+    """``n`` rows whose values are derived from their number ``start..start+n``."""
+    t = torch.arange(start, start + n)
+    return {
+        "obs": (t.float().unsqueeze(1) + torch.arange(dim).float() / 10),
+        "action": t * 7,
+        "done": t % 2 == 0,
+        "img": (t % 251).to(torch.uint8).view(-1, 1, 1).expand(-1, 2, 2).clone(),
+    }
+
+
+class Reference:
+    """The naive ring: one plain tensor per field, written row by row."""
+
+    def __init__(self, spec: ExperienceSpec, rows: int) -> None:
+        self.rows = rows
+        self.t = {f.name: torch.zeros((rows, *f.shape), dtype=f.dtype) for f in spec}
+
+    def write(self, start: int, data: dict[str, torch.Tensor]) -> None:
+        n = next(iter(data.values())).shape[0]
+        for i in range(n):
+            for k, v in data.items():
+                dst = self.t[k][(start + i) % self.rows]
+                dst[tuple(slice(0, s) for s in v.shape[1:])] = v[i]
+
+    def gather(self, idx: list[int]) -> dict[str, torch.Tensor]:
+        return {k: torch.stack([v[i] for i in idx]) for k, v in self.t.items()}
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype, k
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_write_with_wrap_then_gather_and_read_equal_the_reference(make: Factory) -> None:
+    s, ref = make(SPEC, ROWS), Reference(SPEC, ROWS)
+    pos = 0
+    for n in (5, 11, 9, 23, 1, 17):  # wraps several times; one write fills the whole ring
+        data = rows_of(100 + pos, n)
+        s.write(pos, data)
+        ref.write(pos, data)
+        pos = (pos + n) % ROWS
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        idx = rng.integers(0, ROWS, size=40).tolist()
+        assert_same(s.gather(torch.tensor(idx, dtype=torch.int64)), ref.gather(idx))
+    assert_same(s.gather(torch.arange(ROWS), torch.device("cpu")), ref.gather(list(range(ROWS))))
+    for start, n in ((0, ROWS), (20, 7), (5, 1), (13, 10)):
+        assert_same(s.read(start, n), ref.gather([(start + i) % ROWS for i in range(n)]))
+
+
+def test_gather_returns_new_tensors_in_index_order(make: Factory) -> None:
+    s = make(SPEC, ROWS)
+    s.write(0, rows_of(0, ROWS))
+    idx = torch.tensor([22, 0, 22, 7, 15, 3, 3])
+    out = s.gather(idx)
+    assert out["action"].tolist() == [7 * i for i in idx.tolist()]
+    out["action"].fill_(-1)  # not a view of the storage
+    assert s.gather(idx)["action"].tolist() == [7 * i for i in idx.tolist()]
+    assert s.gather(torch.tensor([], dtype=torch.int64))["obs"].shape == (0, 3)
+
+
+def test_growable_field_written_narrow_is_zero_padded(make: Factory) -> None:
+    wide = ExperienceSpec.of(obs=FieldSpec("obs", (6,), torch.float32, growable=True), action=((), "int64"),
+                             done=((), "bool"), img=((2, 2), "uint8"))
+    s, ref = make(wide, ROWS), Reference(wide, ROWS)
+    for start, n, dim in ((0, 10, 3), (10, 10, 6), (20, 8, 4)):  # the last one wraps
+        data = rows_of(start, n, dim)
+        s.write(start, data)
+        ref.write(start, data)
+    assert_same(s.read(0, ROWS), ref.gather(list(range(ROWS))))
+    assert torch.count_nonzero(s.read(5, 5)["obs"][:, 3:]) == 0  # written at dim 3
+    assert torch.count_nonzero(s.read(20, 8)["obs"][:, 4:]) == 0  # written at dim 4, across the wrap
+
+
+def test_close_releases_and_devices_are_reported(make: Factory) -> None:
+    s = make(SPEC, ROWS)
+    assert s.devices == (torch.device("cpu"),)
+    assert s.nbytes == ROWS * SPEC.bytes_per_sample
+    s.close()
+
+
+# -- layouts --------------------------------------------------------------------------------
+def test_layout_validation_names_the_problem() -> None:
+    with pytest.raises(PlacementError, match="shard_rows"):
+        RowLayout((3, 0), [Segment(0, 3, 0, 0)])
+    with pytest.raises(PlacementError, match="contiguous"):
+        RowLayout((2, 2), [Segment(0, 2, 0, 0), Segment(3, 2, 1, 0)])
+    with pytest.raises(PlacementError, match="covered exactly once"):
+        RowLayout((4,), [Segment(0, 2, 0, 0), Segment(2, 2, 0, 1)])
+    with pytest.raises(PlacementError, match="row counts"):
+        ShardedStorage(SPEC, 10, [("cpu", 4), ("cpu", 5)])
+    with pytest.raises(PlacementError, match="layout"):
+        ShardedStorage(SPEC, 10, [("cpu", 5), ("cpu", 5)], layout=RowLayout.contiguous([4, 6]))
+
+
+def test_layout_merges_adjacent_segments_and_identity_is_detected() -> None:
+    layout = RowLayout((6,), [Segment(3, 3, 0, 3), Segment(0, 3, 0, 0)])
+    assert layout.segments == (Segment(0, 6, 0, 0),) and layout.identity
+    assert not RowLayout.contiguous([3, 3]).identity
+
+
+@given(
+    counts=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_locate_and_pieces_agree_with_a_slot_table(counts: list[int], data: st.DataObject) -> None:
+    layout = RowLayout.contiguous(counts) if data.draw(st.booleans()) else SCRAMBLED
+    table = {}
+    for s in layout.segments:
+        for i in range(s.length):
+            table[s.start + i] = (s.shard, s.offset + i)
+    idx = torch.tensor(data.draw(st.lists(st.integers(0, layout.rows - 1), max_size=30)), dtype=torch.int64)
+    shard, local = layout.locate(idx)
+    assert list(zip(shard.tolist(), local.tolist())) == [table[i] for i in idx.tolist()]
+    start, n = data.draw(st.integers(0, 3 * layout.rows)), data.draw(st.integers(0, layout.rows))
+    got = [(at + i, (seg.shard, seg.offset + i)) for at, seg in layout.pieces(start, n) for i in range(seg.length)]
+    assert got == [(i, table[(start + i) % layout.rows]) for i in range(n)]
+
+
+def test_move_rows_copies_blocks_with_padding() -> None:
+    narrow = ExperienceSpec.of(obs=((2,), "float32"), action=((), "int64"))
+    wide = ExperienceSpec.of(obs=((4,), "float32"), action=((), "int64"))
+    src = [TensorStorage(narrow, 5), TensorStorage(narrow, 5)]
+    src[0].write(0, {"obs": torch.arange(10.0).view(5, 2), "action": torch.arange(5)})
+    src[1].write(0, {"obs": -torch.arange(10.0).view(5, 2), "action": -torch.arange(5)})
+    dst = [TensorStorage(wide, 6), TensorStorage(wide, 4)]
+    move_rows(src, dst, [RowCopy(0, 1, 1, 0, 3), RowCopy(1, 0, 0, 2, 4)])
+    assert dst[1].tensors["action"][:3].tolist() == [1, 2, 3]
+    assert dst[0].tensors["action"][2:6].tolist() == [0, -1, -2, -3]
+    assert torch.equal(dst[1].tensors["obs"][:3], torch.tensor([[2.0, 3, 0, 0], [4, 5, 0, 0], [6, 7, 0, 0]]))
+    copy_block(src[0], 4, dst[1], 3, 1)
+    assert dst[1].tensors["obs"][3].tolist() == [8.0, 9.0, 0.0, 0.0]
+
+
+# -- performance -----------------------------------------------------------------------------
+def _min_times(fns: list[Callable[[], object]], repeats: int = 300) -> list[float]:
+    """Best time of each function, interleaved so a noisy neighbour hits them alike."""
+    best = [float("inf")] * len(fns)
+    for _ in range(repeats):
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return best
+
+
+def test_sharded_gather_overhead_is_small() -> None:
+    spec = ExperienceSpec.of(obs=((256,), "float32"), action=((), "int64"), reward=((), "float32"))
+    plain = TensorStorage(spec, 20_000)
+    one = ShardedStorage(spec, 20_000, [("cpu", 20_000)])
+    four = ShardedStorage(spec, 20_000, [("cpu", 5_000)] * 4)
+    idx = torch.from_numpy(np.random.default_rng(0).integers(0, 20_000, 512))
+    t_plain, t_one, t_four = _min_times([lambda: plain.gather(idx), lambda: one.gather(idx), lambda: four.gather(idx)])
+    assert t_one <= 1.2 * t_plain + 5e-6, (t_plain, t_one)  # one branch more
+    assert t_four <= 3.0 * t_plain + 300e-6, (t_plain, t_four)  # index math + a gather per shard and field

@@ -32,7 +32,7 @@ import torch
 from conduit.batch import Batch, BatchInfo
 from conduit.buffer import IterationBuffer, ReplayBuffer
 from conduit.errors import ConduitError, RuntimeFailed
-from conduit.executor import FailureBox, StreamSet, Worker, handoff, wait_until
+from conduit.executor import FailureBox, StreamSet, Worker, handoff, in_worker, wait_until
 from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, Reader, Writer
 from conduit.operators import FnOperator, Graph, HookOperator, OperatorKind, Packet
 from conduit.scheduling.space import Mode
@@ -93,9 +93,11 @@ class DeliveryPath(ABC):
         self.worker: Worker | None = None
 
     def start(self) -> None:
-        if self.mode.overlap:
-            self.worker = Worker("delivery", self._step, self.failure, self.cond)
-            self.worker.start()
+        if self.mode.overlap and self.worker is None:
+            worker = Worker("delivery", self._step, self.failure, self.cond)
+            worker.start()
+            with self.cond:
+                self.worker = worker
 
     def notify(self) -> None:
         """New data or a sealed iteration: wake whoever waits for it, and nobody else.
@@ -168,7 +170,7 @@ class DeliveryPath(ABC):
 
     # -- invocations ----------------------------------------------------------
     def _invoke(self, learner: int, packet: Packet) -> list[_Staged]:
-        granularity = float(self.mode.granularity)
+        granularity = packet.meta["granularity"]
         try:
             packet = self.graph.run(packet, granularity)
         except RuntimeFailed:
@@ -176,11 +178,14 @@ class DeliveryPath(ABC):
         except Exception as exc:
             raise self.failure.set("delivery hook/operator", exc) from exc
         infos = self._infos(packet)
-        event = self.streams[learner].record() if self.worker is not None else None
+        event = self.streams[learner].record() if in_worker() else None  # inline: the caller's own stream
         return [_Staged(part, info, event) for part, info in zip(packet.parts, infos)]
 
     def _step(self) -> None:
         with self.cond:
+            if not self.mode.overlap:  # switched to inline: this worker is being retired
+                self.cond.wait(0.05)
+                return
             idle = [r for r in range(self.num_learners) if not self.staged[r] and not self._busy[r]]
             learner = next((r for r in idle if self._can_produce(r)), None)
             if learner is None:
@@ -211,7 +216,7 @@ class DeliveryPath(ABC):
         if not 0 <= learner < self.num_learners:
             raise ValueError(f"learner={learner}: expected a rank in [0, {self.num_learners})")
         timeout = self.timeout if timeout is None else timeout
-        if self.worker is None:
+        if not self.mode.overlap:
             item, index = self._pull_inline(learner, timeout)
         else:
             with self.cond:
@@ -262,6 +267,22 @@ class DeliveryPath(ABC):
                 self.stats.invocations += 1
                 return self._pop(learner)
 
+    def set_mode(self, mode: Mode, timeout: float | None = None) -> None:
+        """Switch timing/granularity; staged batches stay and keep the mode they were made under."""
+        if mode == self.mode:
+            return
+        timeout = self.timeout if timeout is None else timeout
+        with self.cond:
+            old, self.worker = self.worker, None
+            self.mode = mode  # a retiring worker sees inline mode and produces nothing more
+            self.cond.notify_all()
+        if old is not None:
+            old.stop(timeout)
+        for lock in self._invoke_locks:  # no inline invocation of the old mode in flight
+            with lock:
+                pass
+        self.start()
+
     def close(self, timeout: float) -> bool:
         if self.worker is not None:
             return self.worker.stop(timeout)
@@ -297,6 +318,7 @@ class ReplayDelivery(DeliveryPath):
                 "sampled_at_pull": self.pulls[learner] + len(self.staged[learner]),
                 "invocation": self._invocation - 1,
                 "granularity": float(self.mode.granularity),
+                "mode": self.mode,
             },
         )
 
@@ -318,7 +340,7 @@ class ReplayDelivery(DeliveryPath):
                     learner=m["learner"], sampled_at_pull=m["sampled_at_pull"],
                     buffer_version=m["version"], iteration=m["invocation"], epoch=None, minibatch=None,
                     num_minibatches=None, last=False, indices=m["indices"][sl], ids=m["ids"][sl],
-                    weights=None if m["weights"] is None else m["weights"][sl], mode=self.mode,
+                    weights=None if m["weights"] is None else m["weights"][sl], mode=m["mode"],
                 )
             )
         return out
@@ -351,7 +373,7 @@ class MinibatchDelivery(DeliveryPath):
     def _begin(self, learner: int) -> Packet:
         iteration, pos = self.cursor[learner]
         m = self.buffer.num_minibatches
-        count = m - pos % m if self.mode.granularity >= 1 else 1
+        count = m - pos % m if self.mode.granularity >= 1 else 1  # g=1: the rest of this epoch
         nxt = pos + count
         self.cursor[learner] = (iteration + 1, 0) if nxt == self.per_iteration else (iteration, nxt)
         return Packet(
@@ -361,6 +383,7 @@ class MinibatchDelivery(DeliveryPath):
                 "positions": list(range(pos, pos + count)),
                 "sampled_at_pull": self.pulls[learner] + len(self.staged[learner]),
                 "granularity": float(self.mode.granularity),
+                "mode": self.mode,
             },
         )
 
@@ -387,7 +410,7 @@ class MinibatchDelivery(DeliveryPath):
                     learner=meta["learner"], sampled_at_pull=meta["sampled_at_pull"],
                     buffer_version=meta["version"], iteration=meta["iteration"], epoch=pos // m,
                     minibatch=pos % m, num_minibatches=m, last=pos == self.per_iteration - 1,
-                    indices=rows, ids=ids, weights=None, mode=self.mode,
+                    indices=rows, ids=ids, weights=None, mode=meta["mode"],
                 )
             )
         return out

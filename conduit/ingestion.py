@@ -150,7 +150,7 @@ class IngestionPath:
             self.stats.pushed_units += 1
             self.stats.pushed_rows += rows
             self.cond.notify_all()
-        if self.worker is None:
+        if not self.mode.overlap:
             self._drain_inline(flush=False)
         self.stats.push_s += time.perf_counter() - t0
 
@@ -223,11 +223,13 @@ class IngestionPath:
 
     def _step(self) -> None:
         with self.cond:
+            if not self.mode.overlap:  # switched to inline: this worker is being retired
+                self.cond.wait(0.05)
+                return
             group = self._take_group(self.flushing > 0)
             if group is None:
                 self.cond.wait(0.05)
                 return
-        assert self.worker is not None
         with self.streams.active():
             self._invoke(group)
 
@@ -298,7 +300,7 @@ class IngestionPath:
     def flush(self, timeout: float | None = None) -> None:
         """Ingest everything pushed so far, including a partial group."""
         timeout = self.timeout if timeout is None else timeout
-        if self.worker is None:
+        if not self.mode.overlap:
             self._drain_inline(flush=True)
             return
         with self.cond:
@@ -314,6 +316,27 @@ class IngestionPath:
                 )
             finally:
                 self.flushing -= 1
+
+    def set_mode(self, mode: Mode, timeout: float | None = None) -> None:
+        """Switch timing/granularity: everything pushed so far is ingested under the old mode first."""
+        if mode == self.mode:
+            return
+        timeout = self.timeout if timeout is None else timeout
+        self.flush(timeout)
+        with self._invoke_lock, self.cond:
+            self.mode = mode
+            old, self.worker = self.worker, None
+            self.cond.notify_all()
+        if old is not None:
+            old.stop(timeout)
+        if mode.overlap:
+            worker = Worker("ingestion", self._step, self.failure, self.cond)
+            worker.start()
+            with self.cond:
+                self.worker = worker
+                self.cond.notify_all()
+        else:
+            self._drain_inline(flush=False)  # units pushed while switching
 
     def close(self, timeout: float) -> bool:
         if self.worker is not None:

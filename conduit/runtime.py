@@ -24,8 +24,10 @@ is idempotent and joins every thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
@@ -109,6 +111,8 @@ class Conduit:
         self._started = False
         self._closed = False
         self._channels: list[ActorChannel] = []
+        #: objects told about every push, pull and annotated phase (the auto planner is one)
+        self.observers: list[Any] = []
         self.buffer: ReplayBuffer | IterationBuffer | None = None
         self.ingestion: IngestionPath | None = None
         self.delivery: DeliveryPath | None = None
@@ -229,13 +233,43 @@ class Conduit:
         """Push one rollout unit (a mapping ``field -> tensor/array`` with a leading batch dim)."""
         self._ensure_started()
         assert self.ingestion is not None
+        if not self.observers:
+            self.ingestion.push(data, timeout)
+            return
+        t0 = time.perf_counter()
         self.ingestion.push(data, timeout)
+        t1 = time.perf_counter()
+        for obs in self.observers:
+            obs.on_push(data, t0, t1)
 
     def pull(self, learner: int = 0, *, timeout: float | None = None) -> Batch:
         """The next training-ready batch for data-parallel learner ``learner``."""
         self._ensure_started()
         assert self.delivery is not None
-        return self.delivery.pull(learner, timeout)
+        if not self.observers:
+            return self.delivery.pull(learner, timeout)
+        t0 = time.perf_counter()
+        batch = self.delivery.pull(learner, timeout)
+        t1 = time.perf_counter()
+        for obs in list(self.observers):
+            obs.on_pull(batch, t0, t1)
+        return batch
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Annotate the loop's own work (``"rollout"``, ``"update"``) for the timeline and the planner.
+
+        ::
+
+            with edp.phase("rollout"):
+                unit = env_step(policy)
+        """
+        t0 = time.perf_counter()
+        with self.tracer.span(name, cat="loop"):
+            yield
+        t1 = time.perf_counter()
+        for obs in self.observers:
+            obs.on_phase(name, t0, t1)
 
     def actor_channel(self, maxsize: int = 8, context: str = "spawn") -> ActorChannel:
         """A channel actor *processes* push through (``channel.actor()`` is picklable).
@@ -291,6 +325,24 @@ class Conduit:
         if isinstance(priorities, torch.Tensor):
             priorities = priorities.detach().to("cpu", torch.float64).numpy()
         return self.buffer.update_priorities(info.indices, info.ids, np.asarray(priorities))
+
+    def reschedule(self, schedule: Schedule, *, timeout: float | None = None) -> None:
+        """Switch both paths to ``schedule`` while running (what the planner does after profiling).
+
+        Units pushed so far are ingested under the old ingestion mode first;
+        batches already staged for learners stay valid (off-policy) or belong to
+        the same iteration (on-policy) and keep the mode they were made under.
+        """
+        schedule = self._check_schedule(schedule)
+        if not self._started:
+            self.schedule = schedule
+            return
+        self.failure.check()
+        assert self.ingestion is not None and self.delivery is not None
+        self.ingestion.set_mode(schedule.ingestion, timeout)
+        self.delivery.set_mode(schedule.delivery, timeout)
+        self.schedule = schedule
+        log.info("conduit: rescheduled to %s", schedule)
 
     # -- introspection -----------------------------------------------------------
     @property

@@ -102,3 +102,56 @@ def test_ingestion_order_follows_push_order_with_one_actor(sizes):
         edp.flush()
         assert edp.buffer.contents()["tid"].tolist() == list(range(start))
         assert edp.buffer.ids[: edp.buffer.size].tolist() == list(range(start))
+
+
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("push"), st.integers(1, 9)),
+            st.tuples(st.just("pull"), st.just(0)),
+            st.tuples(st.just("reschedule"), st.integers(0, len(OFF_SCHEDULES) - 1)),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_rescheduling_mid_run_keeps_integrity_and_staleness(ops):
+    edp = Conduit(policy="off_policy", train_batch_size=4, capacity=1000, min_size_to_sample=1, seed=0, timeout_s=5.0)
+    pushed = 0
+    with edp:
+        for op, arg in ops:
+            if op == "push":
+                edp.push(transitions(arg, start=pushed))
+                pushed += arg
+            elif op == "reschedule":
+                changed = OFF_SCHEDULES[arg].ingestion != edp.schedule.ingestion
+                edp.reschedule(OFF_SCHEDULES[arg])
+                if changed:
+                    assert edp.stats().ingested_rows == pushed  # the old mode flushed what it had
+            elif edp.stats().ingested_rows > 0:
+                b = edp.pull()
+                assert torch.equal(b["tid"], torch.from_numpy(b.info.ids))
+                assert 0 <= b.info.staleness < int(b.info.mode.granularity)
+        edp.flush()
+        contents = edp.buffer.contents()
+        assert sorted(contents["tid"].tolist() if contents else []) == list(range(pushed))
+
+
+@given(
+    switches=st.lists(st.sampled_from(ON_SCHEDULES), min_size=1, max_size=4),
+)
+def test_on_policy_rescheduling_between_and_within_iterations(switches):
+    edp = Conduit(policy="on_policy", train_batch_size=16, num_minibatches=4, num_epochs=2, seed=0, timeout_s=5.0)
+    with edp:
+        for it, schedule in enumerate(switches):
+            edp.reschedule(schedule)
+            edp.push(transitions(16, start=16 * it))
+            mbs = []
+            for b in edp.minibatches():
+                mbs.append(b)
+                if len(mbs) == 3:  # switch again mid-iteration
+                    edp.reschedule(switches[(it + 1) % len(switches)])
+            assert {b.info.iteration for b in mbs} == {it}
+            for e in (0, 1):
+                rows = torch.cat([b["tid"] for b in mbs if b.info.epoch == e]).tolist()
+                assert sorted(rows) == list(range(16 * it, 16 * it + 16))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
@@ -35,7 +35,16 @@ from conduit.scheduling.space import Mode, Policy, Schedule
 from conduit.storage.policy import StoragePolicy
 from conduit.synthetic import SyntheticWorkload, run_loop, standalone_costs
 
-__all__ = ["ProfileResult", "ProfileSettings", "measure_delivery", "measure_ingestion", "profile_workload"]
+__all__ = [
+    "ProfileResult",
+    "ProfileSettings",
+    "calibrate",
+    "fit_sync",
+    "measure_delivery",
+    "measure_ingestion",
+    "probe_schedules",
+    "profile_workload",
+]
 
 Progress = Callable[[str], None]
 
@@ -151,49 +160,48 @@ def _copy(registry: HookRegistry | None) -> HookRegistry | None:
     return fresh
 
 
+def probe_schedules(policy: Policy, num_minibatches: int) -> dict[str, Schedule]:
+    """The short runs that calibrate ``t_other`` and ``T_sync``: all inline, then each path overlapped."""
+    one = Fraction(1)
+    base = Schedule(Mode(False, one), Mode(False, one))
+    probes = {"base": base}
+    if policy is Policy.OFF_POLICY:
+        probes["ingestion"] = Schedule(Mode(True, one), Mode(False, one))
+        probes["delivery"] = Schedule(Mode(False, one), Mode(True, one))
+    elif num_minibatches > 1:
+        frac = Fraction(1, num_minibatches)
+        probes["ingestion"] = Schedule(Mode(True, frac), Mode(False, one))
+        probes["delivery"] = Schedule(Mode(False, one), Mode(True, frac))
+    return probes
+
+
+def fit_sync(costs: Costs, measured: dict[str, float], probes: dict[str, Schedule]) -> Costs:
+    """``t_other`` from the all-inline run, ``T_sync`` per path from its overlapped probe (pure)."""
+    t_other = measured["base"] - predict(costs, probes["base"]).t_iter
+    base = replace(costs, t_other=t_other, t_sync_ing=0.0, t_sync_del=0.0)
+    sync = {}
+    for path in ("ingestion", "delivery"):
+        if path in measured:
+            sync[path] = measured[path] - predict(base, probes[path]).t_iter
+    return replace(base, t_sync_ing=sync.get("ingestion", 0.0), t_sync_del=sync.get("delivery", 0.0))
+
+
 def calibrate(
     workload: SyntheticWorkload,
     costs: Costs,
     settings: ProfileSettings = ProfileSettings(),
     progress: Progress | None = None,
 ) -> tuple[Costs, dict[str, float]]:
-    """Fit ``t_other`` and ``T_sync`` per path from short runs of the real loop."""
+    """Fit ``t_other`` and ``T_sync`` per path from short runs of the synthetic loop."""
     pool = workload.units()
-    one = Fraction(1)
-    if workload.policy is Policy.OFF_POLICY:
-        base = Schedule(Mode(False, one), Mode(False, one))
-        ing_probe = Schedule(Mode(True, one), Mode(False, one))
-        del_probe = Schedule(Mode(False, one), Mode(True, one))
-    else:
-        frac = Fraction(1, workload.num_minibatches)
-        base = Schedule(Mode(False, one), Mode(False, one))
-        ing_probe = Schedule(Mode(True, frac), Mode(False, one)) if workload.num_minibatches > 1 else None
-        del_probe = Schedule(Mode(False, one), Mode(True, frac)) if workload.num_minibatches > 1 else None
-
-    def measured(schedule: Schedule) -> float:
+    probes = probe_schedules(workload.policy, workload.num_minibatches)
+    measured = {}
+    for name, schedule in probes.items():
         if progress:
             progress(f"calibrating {schedule}")
-        return run_loop(workload, schedule, settings.loop_iterations, settings.loop_warmup, pool=pool).median
-
-    m_base = measured(base)
-    t_other = m_base - predict(costs, base).t_iter
-    calib = {"t_iter_all_inline": m_base, "t_other": t_other}
-    sync_ing = sync_del = 0.0
-    if ing_probe is not None:
-        m = measured(ing_probe)
-        sync_ing = m - t_other - predict(costs, ing_probe).t_iter
-        calib["t_iter_ingestion_overlap"] = m
-    if del_probe is not None:
-        m = measured(del_probe)
-        sync_del = m - t_other - predict(costs, del_probe).t_iter
-        calib["t_iter_delivery_overlap"] = m
-    fitted = Costs(
-        policy=costs.policy, t_rollout=costs.t_rollout, t_update=costs.t_update, t_ing=costs.t_ing,
-        t_del=costs.t_del, t_sync_ing=sync_ing, t_sync_del=sync_del, t_other=t_other,
-        units_per_iteration=costs.units_per_iteration, num_minibatches=costs.num_minibatches,
-        num_epochs=costs.num_epochs,
-    )
-    return fitted, calib
+        measured[name] = run_loop(workload, schedule, settings.loop_iterations, settings.loop_warmup, pool=pool).median
+    fitted = fit_sync(costs, measured, probes)
+    return fitted, {f"t_iter_{k}": v for k, v in measured.items()} | {"t_other": fitted.t_other}
 
 
 def profile_workload(

@@ -1,0 +1,258 @@
+"""The automatic planner: chooses a running runtime's schedule from its own loop.
+
+Attach it to a runtime and keep training; it never changes what the learner
+receives, only when and at what granularity ingestion and delivery run::
+
+    edp = conduit.Conduit(config)
+    planner = AutoPlanner(edp)
+    with edp:
+        for it in range(iterations):
+            with edp.phase("rollout"):
+                unit = rollout()
+            edp.push(unit)
+            batch = edp.pull()
+            with edp.phase("update"):
+                update(batch)
+
+It moves through three phases, at iteration boundaries (each pull off-policy,
+the last mini-batch of an iteration on-policy), in the caller's thread:
+
+1. **observe** — ``observe`` iterations under the current schedule: iteration
+   times, and ``T_rollout`` / ``T_update`` from ``edp.phase`` annotations (without
+   them, the time outside Conduit is split evenly between the two, an assumption
+   the model needs only for its hide terms); a copy of two pushed units.
+2. **profile and probe** — ``T_ing(g)`` / ``T_del(g)`` of the registered graphs on
+   scratch runtimes fed the captured units (:mod:`~conduit.scheduling.profiler`),
+   then ``probe`` live iterations each of all-inline and of each path overlapped,
+   which fit ``t_other`` and ``T_sync`` (:func:`~conduit.scheduling.profiler.fit_sync`).
+3. **run** — Eq. 2 over every feasible schedule; the runtime is rescheduled to
+   the minimum. The planner re-plans when the buffer migrated (the per-sample
+   size changed) or the measured iteration time drifts from the prediction by
+   more than ``drift`` over a whole window.
+
+Designed for one training loop driving the runtime (one actor and one learner
+thread); with several, drive ``Conduit.reschedule`` from a profile instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+
+from conduit.buffer import ReplayBuffer
+from conduit.runtime import Conduit
+from conduit.scheduling.model import Costs, Prediction, optimize
+from conduit.scheduling.profiler import (
+    ProfileSettings,
+    fit_sync,
+    measure_delivery,
+    measure_ingestion,
+    probe_schedules,
+)
+from conduit.scheduling.space import Policy, Schedule, feasible_schedules
+from conduit.storage.policy import FixedStorage
+
+__all__ = ["AutoPlanner", "PlanEvent"]
+
+log = logging.getLogger("conduit")
+
+
+class Phase(str, Enum):
+    OBSERVE = "observe"
+    PROBE = "probe"
+    RUN = "run"
+
+
+@dataclass(frozen=True)
+class PlanEvent:
+    """One decision of the planner (``history`` keeps them all)."""
+
+    iteration: int
+    reason: str
+    schedule: Schedule
+    prediction: Prediction | None = None
+    costs: Costs | None = None
+
+
+@dataclass
+class _Window:
+    t_iter: list[float] = field(default_factory=list)
+    outside: list[float] = field(default_factory=list)
+    rollout: list[float] = field(default_factory=list)
+    update: list[float] = field(default_factory=list)
+
+
+class AutoPlanner:
+    """Observes a runtime's loop, profiles, probes, and reschedules it (see the module docstring)."""
+
+    def __init__(
+        self,
+        runtime: Conduit,
+        *,
+        observe: int = 10,
+        probe: int = 8,
+        window: int = 32,
+        drift: float = 0.25,
+        settings: ProfileSettings = ProfileSettings(warmup=1, repeats=5),
+    ) -> None:
+        self.rt = runtime
+        self.observe_n = observe
+        self.probe_n = probe
+        self.window = window
+        self.drift = drift
+        self.settings = settings
+        self.phase = Phase.OBSERVE
+        self.iteration = 0
+        self.history: list[PlanEvent] = []
+        self.costs: Costs | None = None
+        self.prediction: Prediction | None = None
+        self._win = _Window()
+        self._recent: deque[float] = deque(maxlen=window)
+        self._pool: list[dict[str, torch.Tensor]] = []
+        self._boundary: float | None = None
+        self._inside = 0.0  # seconds inside push/pull since the last boundary
+        self._phases = {"rollout": 0.0, "update": 0.0}
+        self._probes: dict[str, Schedule] = {}
+        self._probe_queue: list[str] = []
+        self._measured: dict[str, float] = {}
+        self._probe_times: list[float] = []
+        self._migrations = 0
+        runtime.observers.append(self)
+
+    # -- observer protocol (called by the runtime in the caller's thread) ---------
+    def on_push(self, data: Any, t0: float, t1: float) -> None:
+        self._inside += t1 - t0
+        if self.phase is Phase.OBSERVE and len(self._pool) < 2:
+            self._pool.append({k: torch.as_tensor(v).clone() for k, v in data.items()})
+
+    def on_phase(self, name: str, t0: float, t1: float) -> None:
+        if name in self._phases:
+            self._phases[name] += t1 - t0
+
+    def on_pull(self, batch: Any, t0: float, t1: float) -> None:
+        self._inside += t1 - t0
+        if self.rt.config.policy is Policy.ON_POLICY and not batch.info.last:
+            return
+        if self._boundary is None:  # the first boundary only starts the clock
+            self._reset_clock(t1)
+            return
+        t_iter = t1 - self._boundary
+        self._record(t_iter)
+        self._reset_clock(t1)
+        self.iteration += 1
+        self._advance()
+
+    def _reset_clock(self, now: float) -> None:
+        self._boundary = now
+        self._inside = 0.0
+        self._phases = {"rollout": 0.0, "update": 0.0}
+
+    def _record(self, t_iter: float) -> None:
+        w = self._win
+        w.t_iter.append(t_iter)
+        w.outside.append(max(0.0, t_iter - self._inside))
+        w.rollout.append(self._phases["rollout"])
+        w.update.append(self._phases["update"])
+        if self.phase is Phase.PROBE:
+            self._probe_times.append(t_iter)
+        self._recent.append(t_iter)
+
+    # -- the state machine ----------------------------------------------------------
+    def _advance(self) -> None:
+        if self.phase is Phase.OBSERVE and len(self._win.t_iter) >= self.observe_n and self._pool:
+            self._profile()
+        elif self.phase is Phase.PROBE and len(self._probe_times) >= self.probe_n:
+            self._measured[self._probe_queue[0]] = statistics.median(self._probe_times[2:] or self._probe_times)
+            self._probe_queue.pop(0)
+            self._probe_times = []
+            if self._probe_queue:
+                self.rt.reschedule(self._probes[self._probe_queue[0]])
+            else:
+                self._choose()
+        elif self.phase is Phase.RUN:
+            self._watch()
+
+    def _rollout_update(self) -> tuple[float, float]:
+        w = self._win
+        rollout, update = statistics.median(w.rollout), statistics.median(w.update)
+        if rollout == 0.0 and update == 0.0:  # no annotations: split the outside time evenly
+            rollout = update = statistics.median(w.outside) / 2
+        return rollout, update
+
+    def _profile(self) -> None:
+        rt, cfg = self.rt, self.rt.config
+        t_rollout, t_update = self._rollout_update()
+        device = self._storage_device()
+        common: dict[str, Any] = dict(registry=rt.registry, storage=FixedStorage(device), settings=self.settings)
+        t_ing = measure_ingestion(cfg, self._pool, cfg.ingestion_space, **common)
+        t_del = measure_delivery(cfg, self._pool, cfg.delivery_space, **common)
+        units = max(1, cfg.train_batch_size // _rows(self._pool[0])) if cfg.policy is Policy.ON_POLICY else 1
+        self.costs = Costs(
+            policy=cfg.policy, t_rollout=t_rollout, t_update=t_update, t_ing=t_ing, t_del=t_del,
+            units_per_iteration=units, num_minibatches=cfg.num_minibatches, num_epochs=cfg.num_epochs,
+        )
+        self._probes = probe_schedules(cfg.policy, cfg.num_minibatches)
+        self._probe_queue = list(self._probes)
+        self._measured = {}
+        self._probe_times = []
+        self.phase = Phase.PROBE
+        self.rt.reschedule(self._probes[self._probe_queue[0]])
+
+    def _choose(self) -> None:
+        assert self.costs is not None
+        cfg = self.rt.config
+        self.costs = fit_sync(self.costs, self._measured, self._probes)
+        schedules = feasible_schedules(
+            cfg.policy, cfg.num_minibatches, int(max(cfg.ingestion_space)), int(max(cfg.delivery_space))
+        )
+        self.prediction = optimize(self.costs, schedules)
+        self.rt.reschedule(self.prediction.schedule)
+        self.history.append(PlanEvent(self.iteration, "planned", self.prediction.schedule, self.prediction, self.costs))
+        log.info("conduit: auto-planned %s (predicted T_iter %.3f ms)", self.prediction.schedule, self.prediction.t_iter * 1e3)
+        self.phase = Phase.RUN
+        self._recent.clear()
+        self._migrations = self._buffer_migrations()
+
+    def _watch(self) -> None:
+        if self._buffer_migrations() != self._migrations:
+            self._replan("the per-sample size changed (migration)")
+            return
+        if self.prediction is None or len(self._recent) < self.window:
+            return
+        measured = statistics.median(self._recent)
+        if abs(measured - self.prediction.t_iter) > self.drift * self.prediction.t_iter:
+            self._replan(
+                f"measured T_iter {measured * 1e3:.3f} ms drifted from the predicted "
+                f"{self.prediction.t_iter * 1e3:.3f} ms"
+            )
+
+    def _replan(self, reason: str) -> None:
+        log.info("conduit: re-planning: %s", reason)
+        self.history.append(PlanEvent(self.iteration, reason, self.rt.schedule))
+        self._win = _Window()
+        self._pool = []
+        self._recent.clear()
+        self.phase = Phase.OBSERVE
+
+    # -- helpers -----------------------------------------------------------------
+    def _buffer_migrations(self) -> int:
+        buf = self.rt.buffer
+        return buf.migrations if isinstance(buf, ReplayBuffer) else 0
+
+    def _storage_device(self) -> torch.device | str:
+        buf = self.rt.buffer
+        storage = getattr(buf, "storage", None)
+        if storage is not None:
+            dev = storage.devices[0]
+            return "pinned" if getattr(storage, "pinned", False) else dev
+        return self.rt.config.storage_device or "cpu"
+
+
+def _rows(unit: dict[str, torch.Tensor]) -> int:
+    return int(next(iter(unit.values())).shape[0])

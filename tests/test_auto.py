@@ -1,0 +1,84 @@
+"""The automatic planner on a live loop: it observes, profiles, probes, plans, and re-plans."""
+
+from __future__ import annotations
+
+import torch
+
+from conduit import Conduit, ExperienceSpec, FieldSpec
+from conduit.scheduling.auto import AutoPlanner, Phase
+from conduit.scheduling.model import predict
+from conduit.scheduling.space import feasible_schedules, is_feasible_mode
+from conduit.synthetic import Burner, CostKind
+from tests.helpers import transitions
+
+
+def _loop(edp, iterations, start=0, dim=4, rollout_ms=0.5, update_ms=1.0):
+    burner = Burner(CostKind.SLEEP)
+    pushed = start
+    for _ in range(iterations):
+        with edp.phase("rollout"):
+            burner.burn(rollout_ms)
+        edp.push(transitions(16, dim=dim, start=pushed))
+        pushed += 16
+        b = edp.pull()
+        assert torch.equal(b["tid"], torch.from_numpy(b.info.ids))
+        with edp.phase("update"):
+            burner.burn(update_ms)
+    return pushed
+
+
+def test_planner_profiles_probes_and_settles_on_a_feasible_minimum():
+    edp = Conduit(policy="off_policy", train_batch_size=8, capacity=4096, min_size_to_sample=8, g_max=3, seed=0)
+    planner = AutoPlanner(edp, observe=4, probe=4, window=1000)
+    with edp:
+        pushed = _loop(edp, 40)
+        assert planner.phase is Phase.RUN
+        event = planner.history[-1]
+        assert event.reason == "planned" and edp.schedule == event.schedule
+        costs = planner.costs
+        assert costs.t_rollout > 0 and costs.t_update > 0
+        assert set(costs.t_ing) == set(edp.config.ingestion_space) and set(costs.t_del) == set(edp.config.delivery_space)
+        schedules = feasible_schedules(edp.config.policy, 1, 3, 3)
+        assert event.prediction.schedule in schedules
+        assert all(event.prediction.t_iter <= predict(costs, s).t_iter + 1e-12 for s in schedules)
+        edp.flush()
+        assert sorted(edp.buffer.contents()["tid"].tolist()) == list(range(pushed))
+
+
+def test_planner_replans_when_the_buffer_migrates():
+    spec = ExperienceSpec.of(
+        obs=FieldSpec("obs", (4,), torch.float32, growable=True), action=((), "int64"), reward=((), "float32"),
+        done=((), "bool"), tid=((), "int64"),
+    )
+    edp = Conduit(policy="off_policy", train_batch_size=8, capacity=4096, min_size_to_sample=8, g_max=2, seed=0, spec=spec)
+    planner = AutoPlanner(edp, observe=3, probe=3, window=1000)
+    with edp:
+        pushed = _loop(edp, 25)
+        assert planner.phase is Phase.RUN
+        _loop(edp, 3, start=pushed, dim=6)  # obs grows: the buffer re-lays out (migrates)
+        assert any("migration" in e.reason for e in planner.history)
+        assert planner.phase in (Phase.OBSERVE, Phase.PROBE, Phase.RUN)
+
+
+def test_on_policy_planner_only_ever_runs_feasible_modes():
+    edp = Conduit(policy="on_policy", train_batch_size=32, num_minibatches=4, seed=0)
+    planner = AutoPlanner(edp, observe=3, probe=3, window=1000)
+    burner = Burner(CostKind.SLEEP)
+    seen = set()
+    with edp:
+        for it in range(20):
+            with edp.phase("rollout"):
+                burner.burn(0.5)
+            edp.push(transitions(32, start=32 * it))
+            seen.add(edp.schedule)
+            rows = []
+            for mb in edp.minibatches():
+                rows += mb["tid"].tolist()
+                with edp.phase("update"):
+                    burner.burn(0.2)
+            assert sorted(rows) == list(range(32 * it, 32 * it + 32))
+        assert planner.phase is Phase.RUN
+    space_i, space_d = edp.config.ingestion_space, edp.config.delivery_space
+    for s in seen:
+        assert is_feasible_mode(edp.config.policy, s.ingestion, space_i)
+        assert is_feasible_mode(edp.config.policy, s.delivery, space_d)

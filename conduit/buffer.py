@@ -24,6 +24,7 @@ from conduit.errors import SemanticsError, SpecError
 from conduit.executor import StreamOrder
 from conduit.samplers.base import Sampler
 from conduit.samplers.minibatch import minibatch_plan
+from conduit.slots import FifoRemover, Remover, SlotTable
 from conduit.spec import Data, ExperienceSpec, as_tensors, batch_size_of
 from conduit.storage.base import Storage
 from conduit.storage.policy import StoragePolicy, copy_rows
@@ -72,7 +73,13 @@ class _SpecHolder:
 
 
 class ReplayBuffer:
-    """A FIFO ring of ``capacity`` rows for off-policy replay."""
+    """Off-policy replay over ``capacity`` slots.
+
+    The default (FIFO remover, no ``max_times_sampled``) is a ring: writes are
+    contiguous slice copies from ``pos``. Other removers and ``max_times_sampled``
+    eviction go through the slot table (free slots first, then the remover's
+    victims) and scatter rows into their slots.
+    """
 
     def __init__(
         self,
@@ -83,19 +90,23 @@ class ReplayBuffer:
         spec: ExperienceSpec | None = None,
         seed: int | None = None,
         growable: frozenset[str] = frozenset(),
+        remover: Remover | None = None,
+        max_times_sampled: int | None = None,
     ) -> None:
         self.capacity = capacity
         self.policy = storage
         self.sampler = sampler
+        self.remover = remover or FifoRemover()
+        self.max_times_sampled = max_times_sampled
+        self._ring = isinstance(self.remover, FifoRemover) and max_times_sampled is None
         self._specs = _SpecHolder(spec, growable)
         self.storage: Storage | None = None
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.rng = np.random.default_rng(seed)
-        self.ids = np.full(capacity, -1, dtype=np.int64)
-        self.pos = 0  # next slot to write
-        self.size = 0  # valid rows, in [0, size)
+        self.table = SlotTable(capacity)
         self.inserted = 0  # rows ever written == next transition id == buffer version
+        self.evicted_by_sampling = 0
         self._order: StreamOrder | None = None
         #: called (outside the lock) after rows were written
         self.on_data: list[Callable[[], None]] = []
@@ -104,6 +115,16 @@ class ReplayBuffer:
     @property
     def spec(self) -> ExperienceSpec | None:
         return self._specs.spec
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Transition id held by each slot (-1: empty)."""
+        return self.table.ids
+
+    @property
+    def size(self) -> int:
+        """Live transitions."""
+        return self.table.count
 
     # -- writes ---------------------------------------------------------------
     def validate(self, parts: Sequence[Data]) -> list[dict[str, torch.Tensor]]:
@@ -127,12 +148,16 @@ class ReplayBuffer:
             for tensors in checked:
                 self._maybe_grow(tensors)
                 n = batch_size_of(tensors)
-                slots = (self.pos + np.arange(n)) % self.capacity
-                self.storage.write(self.pos, tensors)
-                self.ids[slots] = np.arange(self.inserted, self.inserted + n)
+                table = self.table
+                if self._ring:
+                    slots = table.ring_slots(n)
+                    self.storage.write(table.pos, tensors)
+                    table.pos = (table.pos + n) % self.capacity
+                else:
+                    slots = table.allocate(n, self.remover, self.sampler.priorities(), self.rng)
+                    self.storage.write_slots(slots, tensors)
+                table.occupy(slots, self.inserted)
                 self.sampler.on_insert(slots)
-                self.pos = (self.pos + n) % self.capacity
-                self.size = min(self.capacity, self.size + n)
                 self.inserted += n
             self._order.after_write()
             self.changed.notify_all()
@@ -164,26 +189,46 @@ class ReplayBuffer:
             if self.storage is None:
                 self._specs.spec = spec
                 return
-            self.storage = self.policy.migrate(self.storage, spec, self.size)  # may raise: spec unchanged
+            self.storage = self.policy.migrate(self.storage, spec, self.table.high)  # may raise: spec unchanged
             self._specs.spec = spec
             self._order = StreamOrder(self.storage.devices)
             self.migrations += 1
 
     # -- reads ----------------------------------------------------------------
     def ready(self, min_rows: int) -> bool:
-        return self.size >= min_rows
+        return self.table.count >= min_rows
 
     def sample(self, n: int, device: torch.device | None = None) -> Sampled:
-        """Draw ``n`` rows (with replacement) and gather them atomically."""
+        """Draw ``n`` rows and gather them atomically."""
         with self.lock:
-            if self.storage is None or self.size == 0:
+            if self.storage is None or self.table.count == 0:
                 raise SemanticsError("cannot sample from an empty buffer")
-            draw = self.sampler.sample(n, self.size, self.rng)
+            draw = self.sampler.sample(n, self.table, self.rng)
             assert self._order is not None
             self._order.before_read()
             data = self.storage.gather(torch.from_numpy(draw.indices), device)
             self._order.after_read()
-            return Sampled(data, draw.indices, self.ids[draw.indices].copy(), draw.weights, self.inserted)
+            return Sampled(data, draw.indices, self.table.ids[draw.indices], draw.weights, self.inserted)
+
+    def delivered(self, indices: np.ndarray, ids: np.ndarray) -> int:
+        """Count a delivered batch's rows as sampled; evict rows reaching ``max_times_sampled``.
+
+        Called when a learner receives the batch, never when it is merely
+        prefetched. Returns how many rows were evicted.
+        """
+        with self.lock:
+            live = self.table.ids[indices] == ids
+            slots = indices[live]
+            np.add.at(self.table.times_sampled, slots, 1)
+            if self.max_times_sampled is None:
+                return 0
+            spent = slots[self.table.times_sampled[slots] >= self.max_times_sampled]
+            if not spent.size:
+                return 0
+            freed = self.table.release(spent)
+            self.sampler.on_release(freed)
+            self.evicted_by_sampling += freed.size
+            return int(freed.size)
 
     def update_priorities(self, indices: np.ndarray, ids: np.ndarray, priorities: np.ndarray) -> int:
         """Apply priorities where the slot still holds the sampled transition; returns how many applied."""
@@ -197,17 +242,19 @@ class ReplayBuffer:
         if not np.all(np.isfinite(pr)):
             raise ValueError("update_priorities: priorities must be finite")
         with self.lock:
-            live = self.ids[indices] == ids
+            live = self.table.ids[indices] == ids
             if np.any(live):
                 self.sampler.update_priorities(indices[live], pr[live])
             return int(live.sum())
 
     def contents(self) -> dict[str, torch.Tensor]:
-        """A copy of all valid rows in slot order (tests, checkpoints)."""
+        """A copy of all live rows in slot order (tests, checkpoints)."""
         with self.lock:
             if self.storage is None:
                 return {}
-            return self.storage.read(0, self.size)
+            if self.table.contiguous:
+                return self.storage.read(0, self.table.count)
+            return self.storage.gather(torch.from_numpy(self.table.valid_slots()))
 
 
 @dataclass

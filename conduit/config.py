@@ -28,14 +28,40 @@ from conduit.scheduling.space import (
     is_feasible_mode,
 )
 
-__all__ = ["ConduitConfig", "Policy", "PrioritizedReplay", "SamplerKind", "SchedulePin"]
+__all__ = ["ConduitConfig", "Policy", "PrioritizedReplay", "RateLimit", "RemoverKind", "SamplerKind", "SchedulePin"]
 
 
 class SamplerKind(str, Enum):
-    """How off-policy delivery draws indices."""
+    """How off-policy delivery selects rows (Reverb's selectors)."""
 
     UNIFORM = "uniform"
     PRIORITIZED = "prioritized"
+    FIFO = "fifo"
+    LIFO = "lifo"
+
+
+class RemoverKind(str, Enum):
+    """Which rows a full off-policy buffer evicts for new ones."""
+
+    FIFO = "fifo"
+    LIFO = "lifo"
+    UNIFORM = "uniform"
+    PRIORITIZED = "prioritized"
+
+
+class RateLimit(BaseModel):
+    """Keep learners' samples and actors' inserts in ratio (Reverb's ``SampleToInsertRatio``).
+
+    ``samples_per_insert`` sampled rows per inserted row, within ``± tolerance``
+    rows; ``block=False`` makes a push or pull that would break the ratio raise
+    :class:`~conduit.errors.RateLimited` at once instead of waiting.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    samples_per_insert: Annotated[float, Field(gt=0.0)]
+    tolerance: Annotated[float, Field(ge=0.0)]
+    block: bool = True
 
 
 class PrioritizedReplay(BaseModel):
@@ -85,7 +111,10 @@ class ConduitConfig(BaseModel):
         learner_device: device(s) batches are delivered to; one per learner or one for all.
         storage_device: pins the buffer placement (``"cpu"``, ``"pinned"``, ``"cuda:0"``);
             ``None`` lets Conduit decide.
-        sampler / prioritized: off-policy sampling.
+        sampler / prioritized: off-policy selection (uniform, prioritized, fifo, lifo).
+        remover: which rows a full buffer evicts (fifo ring by default).
+        max_times_sampled: evict a row once learners received it this many times.
+        rate_limit: samples-per-insert ratio with a tolerance band (off-policy).
         min_size_to_sample: off-policy rows required before sampling (default: a batch).
         g_max: cap on off-policy granularities (both paths).
         max_staleness: cap on off-policy delivery granularity (batches a prefetched
@@ -110,6 +139,9 @@ class ConduitConfig(BaseModel):
     storage_device: str | None = None
     sampler: SamplerKind = SamplerKind.UNIFORM
     prioritized: PrioritizedReplay = PrioritizedReplay()
+    remover: RemoverKind = RemoverKind.FIFO
+    max_times_sampled: Annotated[int, Field(gt=0)] | None = None
+    rate_limit: RateLimit | None = None
     min_size_to_sample: Annotated[int, Field(gt=0)] | None = None
     g_max: Annotated[int, Field(gt=0, le=64)] = 4
     max_staleness: Annotated[int, Field(gt=0)] | None = None
@@ -157,7 +189,19 @@ class ConduitConfig(BaseModel):
                     f"num_minibatches={self.num_minibatches}, num_epochs={self.num_epochs}: mini-batches and "
                     "epochs are on-policy settings; off-policy delivers train_batch_size rows per pull"
                 )
+            if self.remover is RemoverKind.PRIORITIZED and self.sampler is not SamplerKind.PRIORITIZED:
+                raise ValueError("remover='prioritized' evicts by priority and needs sampler='prioritized'")
+            if self.rate_limit is not None and self.rate_limit.tolerance < self.train_batch_size:
+                raise ValueError(
+                    f"rate_limit.tolerance={self.rate_limit.tolerance} is smaller than one batch "
+                    f"(train_batch_size={self.train_batch_size}): no batch could ever be sampled"
+                )
         else:
+            for name in ("max_times_sampled", "rate_limit"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: an off-policy replay setting; on-policy data is used once per epoch")
+            if self.remover is not RemoverKind.FIFO:
+                raise ValueError(f"remover={self.remover.value!r}: an off-policy replay setting")
             if self.capacity is not None:
                 raise ValueError(
                     f"capacity={self.capacity}: on-policy stores exactly one iteration "

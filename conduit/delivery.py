@@ -31,9 +31,10 @@ import torch
 
 from conduit.batch import Batch, BatchInfo
 from conduit.buffer import IterationBuffer, ReplayBuffer
-from conduit.errors import ConduitError, RuntimeFailed
+from conduit.errors import ConduitError, RateLimited, RuntimeFailed
 from conduit.executor import FailureBox, StreamSet, Worker, handoff, in_worker, wait_until
 from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, Reader, Writer
+from conduit.ratelimit import RateLimiter
 from conduit.operators import FnOperator, Graph, HookOperator, OperatorKind, Packet
 from conduit.scheduling.space import Mode
 from conduit.trace import Tracer
@@ -129,6 +130,9 @@ class DeliveryPath(ABC):
     def _on_pulled(self, learner: int, info: BatchInfo) -> None:
         """Called outside cond after a batch was handed to ``learner``."""
 
+    def _refuse(self, learner: int) -> None:
+        """Raise instead of waiting when waiting is not wanted (non-blocking rate limits)."""
+
     @abstractmethod
     def _describe_wait(self, learner: int) -> str: ...
 
@@ -221,6 +225,8 @@ class DeliveryPath(ABC):
         else:
             with self.cond:
                 if not self.staged[learner]:
+                    if not self._busy[learner] and not self._can_produce(learner):
+                        self._refuse(learner)
                     t_wait = time.perf_counter()
                     wait_until(
                         self.cond, lambda: bool(self.staged[learner]), timeout, self.failure,
@@ -250,6 +256,7 @@ class DeliveryPath(ABC):
                 if self.staged[learner]:
                     return self._pop(learner)
                 if not self._can_produce(learner):
+                    self._refuse(learner)
                     t_wait = time.perf_counter()
                     self._data_waiters += 1
                     try:
@@ -292,21 +299,57 @@ class DeliveryPath(ABC):
 class ReplayDelivery(DeliveryPath):
     """Off-policy: sample ``g·B`` rows per invocation from the replay ring."""
 
-    def __init__(self, *, buffer: ReplayBuffer, batch_size: int, min_rows: int, **kw: object) -> None:
+    def __init__(
+        self,
+        *,
+        buffer: ReplayBuffer,
+        batch_size: int,
+        limiter: RateLimiter,
+        block: bool = True,
+        on_sampled: Callable[[], None] | None = None,
+        **kw: object,
+    ) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
         self.buffer = buffer
         self.batch_size = batch_size
-        self.min_rows = min_rows
+        self.limiter = limiter
+        self.block = block
+        self._on_sampled = on_sampled
         self._invocation = 0
 
+    @property
+    def min_rows(self) -> int:
+        return self.limiter.min_size
+
     def _can_produce(self, learner: int) -> bool:
-        return self.buffer.ready(self.min_rows)
+        rows = int(self.mode.granularity) * self.batch_size
+        return self.limiter.can_sample(rows, self.buffer.size)
+
+    def _refuse(self, learner: int) -> None:
+        if not self.block and self.buffer.ready(self.min_rows):
+            raise RateLimited(f"a batch now would break the sample/insert ratio ({self.limiter.describe()})")
+
+    def _on_pulled(self, learner: int, info: BatchInfo) -> None:
+        rows = len(info.indices)
+        self.limiter.commit(rows)
+        self.buffer.delivered(info.indices, info.ids)
+        if self._on_sampled is not None and self.limiter.samples_per_insert is not None:
+            self._on_sampled()  # actors may be waiting for learners to sample
+
+    def release_reservations(self) -> None:
+        """Staged batches that will never be delivered do not count as sampled."""
+        with self.cond:
+            for staged in self.staged:
+                for item in staged:
+                    self.limiter.release(len(item.info["indices"]))  # type: ignore[arg-type]
+                staged.clear()
 
     def _version(self) -> int:
         return self.buffer.inserted
 
     def _begin(self, learner: int) -> Packet:
         g = int(self.mode.granularity)
+        self.limiter.reserve(g * self.batch_size)
         self._invocation += 1
         return Packet(
             [],
@@ -348,7 +391,8 @@ class ReplayDelivery(DeliveryPath):
     def _describe_wait(self, learner: int) -> str:
         return (
             f"a batch for learner {learner}: the buffer holds {self.buffer.size} rows and sampling starts at "
-            f"{self.min_rows} (min_size_to_sample); push more rollouts, or flush() units still pending ingestion"
+            f"{self.min_rows} (min_size_to_sample); push more rollouts, or flush() units still pending ingestion; "
+            f"rate limiter: {self.limiter.describe()}"
         )
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "ConfigError",
     "HookError",
     "PlacementError",
+    "RateLimited",
     "RuntimeClosed",
     "RuntimeFailed",
     "SemanticsError",
@@ -49,6 +50,10 @@ class SemanticsError(ConduitError, RuntimeError):
 
 class ConduitTimeout(ConduitError, TimeoutError):
     """A blocking call did not complete within its timeout."""
+
+
+class RateLimited(ConduitTimeout):
+    """A non-blocking push or pull would break the samples-per-insert ratio."""
 
 
 class RuntimeClosed(ConduitError, RuntimeError):

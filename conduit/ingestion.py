@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 import torch
 
 from conduit.buffer import IterationBuffer, ReplayBuffer
-from conduit.errors import ConduitError, RuntimeFailed, SemanticsError
+from conduit.errors import ConduitError, RateLimited, RuntimeFailed, SemanticsError
 from conduit.executor import FailureBox, StreamSet, Worker, wait_until
 from conduit.hooks import ACTOR, EXPERIENCE_BUFFER, Reader, Writer
+from conduit.ratelimit import RateLimiter
 from conduit.operators import FnOperator, Graph, HookOperator, OperatorKind, Packet
 from conduit.scheduling.space import Mode
 from conduit.spec import Data, as_tensors, batch_size_of
@@ -74,6 +75,8 @@ class IngestionPath:
         timeout: float,
         train_batch_size: int,
         stream_device: torch.device,
+        limiter: RateLimiter | None = None,
+        block: bool = True,
     ) -> None:
         self.mode = mode
         self.buffer = buffer
@@ -87,6 +90,8 @@ class IngestionPath:
         self.pending_units = 0
         self.flushing = 0
         self.stats = IngestionStats()
+        self.limiter = limiter
+        self.block = block
         self._identity = hook is None
         self.streams = StreamSet(stream_device)
         # on-policy push-side iteration accounting
@@ -139,8 +144,18 @@ class IngestionPath:
         with self.cond:
             iteration = None
             t_wait = time.perf_counter()
+            limiter = self.limiter
+            if limiter is not None and not limiter.can_insert(rows):
+                if not self.block:
+                    raise RateLimited(f"push of {rows} rows would break the sample/insert ratio ({limiter.describe()})")
+                wait_until(
+                    self.cond, lambda: limiter.can_insert(rows), timeout, self.failure,
+                    lambda: f"learners to sample before {rows} more rows can be inserted ({limiter.describe()})",
+                )
             wait_until(self.cond, self._has_room, timeout, self.failure, self._describe_wait)
             self.stats.blocked_s += time.perf_counter() - t_wait
+            if limiter is not None:
+                limiter.insert(rows)
             if self.on_policy:
                 iteration = self._assign_iteration(rows, len(pieces))
             for p in pieces:

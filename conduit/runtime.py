@@ -44,7 +44,9 @@ from conduit.executor import FailureBox
 from conduit.hooks import HookKind, HookRegistry
 from conduit.ingestion import IngestionPath
 from conduit.remote import ActorChannel
-from conduit.samplers import PrioritizedSampler, UniformSampler
+from conduit.ratelimit import RateLimiter
+from conduit.samplers import FifoSampler, LifoSampler, PrioritizedSampler, UniformSampler
+from conduit.slots import make_remover
 from conduit.samplers.base import Sampler
 from conduit.scheduling.space import Schedule, is_feasible_mode
 from conduit.spec import Data, ExperienceSpec
@@ -160,7 +162,17 @@ class Conduit:
         if cfg.sampler is SamplerKind.PRIORITIZED:
             p = cfg.prioritized
             return PrioritizedSampler(cfg.capacity, p.alpha, p.beta, p.eps)
-        return UniformSampler(cfg.capacity)
+        kinds: dict[SamplerKind, type[Sampler]] = {
+            SamplerKind.UNIFORM: UniformSampler, SamplerKind.FIFO: FifoSampler, SamplerKind.LIFO: LifoSampler,
+        }
+        return kinds[cfg.sampler](cfg.capacity)
+
+    def _make_limiter(self) -> RateLimiter:
+        cfg = self.config
+        rl = cfg.rate_limit
+        if rl is None:
+            return RateLimiter(min_size=cfg.sample_min)
+        return RateLimiter(min_size=cfg.sample_min, samples_per_insert=rl.samples_per_insert, tolerance=rl.tolerance)
 
     def start(self) -> Conduit:
         """Build the buffer and both paths (done lazily by the first push/pull)."""
@@ -172,16 +184,20 @@ class Conduit:
             cfg = self.config
             devices = [torch.device(d) for d in cfg.learner_devices]
             common = dict(tracer=self.tracer, failure=self.failure, timeout=cfg.timeout_s)
+            block = cfg.rate_limit.block if cfg.rate_limit is not None else True
+            limiter: RateLimiter | None = None
             if cfg.policy is Policy.OFF_POLICY:
                 assert cfg.capacity is not None
                 self.buffer = ReplayBuffer(
                     cfg.capacity, self.storage_policy, self._make_sampler(),
                     spec=self.spec_declared, seed=cfg.seed, growable=self.growable,
+                    remover=make_remover(cfg.remover.value), max_times_sampled=cfg.max_times_sampled,
                 )
+                limiter = self._make_limiter()
                 self.delivery = ReplayDelivery(
-                    buffer=self.buffer, batch_size=cfg.train_batch_size, min_rows=cfg.sample_min,
-                    mode=self.schedule.delivery, hook=self._hook(HookKind.DELIVERY),
-                    learner_devices=devices, **common,
+                    buffer=self.buffer, batch_size=cfg.train_batch_size, limiter=limiter, block=block,
+                    on_sampled=self._notify_ingestion, mode=self.schedule.delivery,
+                    hook=self._hook(HookKind.DELIVERY), learner_devices=devices, **common,
                 )
             else:
                 self.buffer = IterationBuffer(
@@ -195,7 +211,8 @@ class Conduit:
                 )
             self.ingestion = IngestionPath(
                 mode=self.schedule.ingestion, buffer=self.buffer, hook=self._hook(HookKind.INGESTION),
-                train_batch_size=cfg.train_batch_size, stream_device=self._storage_device(), **common,
+                train_batch_size=cfg.train_batch_size, stream_device=self._storage_device(),
+                limiter=limiter if cfg.rate_limit is not None else None, block=block, **common,
             )
             self.buffer.on_data.append(self.delivery.notify)
             if isinstance(self.buffer, IterationBuffer):
@@ -295,8 +312,9 @@ class Conduit:
     def ready(self) -> bool:
         """Off-policy: whether a pull can be served now without waiting for more data."""
         self._ensure_started()
-        if isinstance(self.buffer, ReplayBuffer):
-            return self.buffer.ready(self.config.sample_min)
+        if isinstance(self.delivery, ReplayDelivery):
+            with self.delivery.cond:
+                return bool(self.delivery.staged[0]) or self.delivery._can_produce(0)
         assert isinstance(self.buffer, IterationBuffer)
         return self.buffer.current() is not None
 
@@ -393,6 +411,8 @@ class Conduit:
                 return
             self._closed = True
             self.failure.closed = True
+        if isinstance(self.delivery, ReplayDelivery):
+            self.delivery.release_reservations()
         stopped = True
         for channel in self._channels:
             stopped &= channel.close(timeout)

@@ -21,7 +21,7 @@ def test_writes_wrap_around_the_ring_fifo():
     buf = ring(10)
     buf.write([transitions(7)])
     buf.write([transitions(6, start=7)])  # wraps: slots 7,8,9,0,1,2
-    assert buf.size == 10 and buf.pos == 3 and buf.inserted == 13
+    assert buf.size == 10 and buf.table.pos == 3 and buf.inserted == 13
     tid = buf.contents()["tid"].tolist()
     assert tid == [10, 11, 12, 3, 4, 5, 6, 7, 8, 9]  # 0,1,2 evicted first
     assert buf.ids.tolist() == tid
@@ -46,10 +46,10 @@ def test_bad_part_rejects_the_whole_write():
     buf.write([transitions(2)])
     bad = transitions(2, start=2)
     bad["obs"] = torch.zeros(2, 5)
-    before = (buf.inserted, buf.pos, buf.size, buf.contents()["tid"].tolist(), buf.rng.bit_generator.state)
+    before = (buf.inserted, buf.table.pos, buf.size, buf.contents()["tid"].tolist(), buf.rng.bit_generator.state)
     with pytest.raises(SpecError, match="field 'obs'"):
         buf.write([transitions(2, start=2), bad])
-    after = (buf.inserted, buf.pos, buf.size, buf.contents()["tid"].tolist(), buf.rng.bit_generator.state)
+    after = (buf.inserted, buf.table.pos, buf.size, buf.contents()["tid"].tolist(), buf.rng.bit_generator.state)
     assert before == after
 
 

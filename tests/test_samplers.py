@@ -8,6 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conduit.samplers import PrioritizedSampler, SumTree, UniformSampler, minibatch_plan
+from conduit.slots import SlotTable
+
+
+def table(live: int, capacity: int = 100) -> SlotTable:
+    t = SlotTable(capacity)
+    t.occupy(np.arange(live), 0)
+    return t
 
 
 @given(
@@ -52,7 +59,7 @@ def test_sumtree_never_returns_empty_leaves():
 
 def test_uniform_sampler_stays_in_valid_rows():
     s = UniformSampler(100)
-    d = s.sample(1000, 7, np.random.default_rng(0))
+    d = s.sample(1000, table(7), np.random.default_rng(0))
     assert d.indices.min() >= 0 and d.indices.max() < 7 and d.weights is None
 
 
@@ -63,7 +70,7 @@ def test_prioritized_sampling_frequencies_follow_priorities():
     rng = np.random.default_rng(1)
     counts = np.zeros(4)
     for _ in range(200):
-        counts += np.bincount(s.sample(50, 4, rng).indices, minlength=4)
+        counts += np.bincount(s.sample(50, table(4, 4), rng).indices, minlength=4)
     freq = counts / counts.sum()
     np.testing.assert_allclose(freq, [0.1, 0.2, 0.3, 0.4], atol=0.01)
 
@@ -74,7 +81,7 @@ def test_prioritized_importance_weights_match_the_formula():
     s.on_insert(np.arange(5))
     pr = np.array([0.5, 1.0, 2.0, 3.0, 4.0])
     s.update_priorities(np.arange(5), pr)
-    d = s.sample(64, 5, np.random.default_rng(0))
+    d = s.sample(64, table(5, 5), np.random.default_rng(0))
     p = pr**alpha / (pr**alpha).sum()
     w = (5 * p) ** -beta
     w /= w.max()
@@ -96,7 +103,7 @@ def test_prioritized_state_round_trip():
     t = PrioritizedSampler(8)
     t.load_state_dict(s.state_dict())
     rng1, rng2 = np.random.default_rng(3), np.random.default_rng(3)
-    np.testing.assert_array_equal(s.sample(16, 5, rng1).indices, t.sample(16, 5, rng2).indices)
+    np.testing.assert_array_equal(s.sample(16, table(5, 8), rng1).indices, t.sample(16, table(5, 8), rng2).indices)
 
 
 @given(rows=st.integers(8, 300), m=st.integers(1, 4), epochs=st.integers(1, 3), learners=st.integers(1, 2))

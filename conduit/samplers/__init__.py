@@ -6,6 +6,15 @@ from conduit.samplers.base import Draw, Sampler
 from conduit.samplers.minibatch import minibatch_plan
 from conduit.samplers.prioritized import PrioritizedSampler
 from conduit.samplers.sumtree import SumTree
-from conduit.samplers.uniform import UniformSampler
+from conduit.samplers.uniform import FifoSampler, LifoSampler, UniformSampler
 
-__all__ = ["Draw", "PrioritizedSampler", "Sampler", "SumTree", "UniformSampler", "minibatch_plan"]
+__all__ = [
+    "Draw",
+    "FifoSampler",
+    "LifoSampler",
+    "PrioritizedSampler",
+    "Sampler",
+    "SumTree",
+    "UniformSampler",
+    "minibatch_plan",
+]

@@ -1,15 +1,19 @@
 """The sampler protocol for off-policy replay.
 
-Samplers are pure index math over slots ``[0, size)`` of the ring: they never
-touch tensors. The buffer calls them under its lock.
+Samplers are pure index math over the buffer's :class:`~conduit.slots.SlotTable`
+(which slots hold live transitions, and their ids): they never touch tensors.
+The buffer calls them under its lock.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from conduit.slots import SlotTable
 
 __all__ = ["Draw", "Sampler"]
 
@@ -22,17 +26,26 @@ class Draw(NamedTuple):
 
 
 class Sampler(ABC):
-    """Draws slots of a ring holding ``size`` valid rows in ``[0, size)``."""
+    """Draws slots among the live ones of a buffer of ``capacity`` slots."""
+
+    name: str = "sampler"
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
 
     @abstractmethod
-    def sample(self, n: int, size: int, rng: np.random.Generator) -> Draw:
-        """``n`` slots (with replacement) from ``[0, size)``."""
+    def sample(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
+        """``n`` live slots."""
 
     def on_insert(self, slots: np.ndarray) -> None:
         """New rows were written to ``slots`` (overwriting what was there)."""
+
+    def on_release(self, slots: np.ndarray) -> None:
+        """``slots`` no longer hold a transition (evicted by ``max_times_sampled``)."""
+
+    def priorities(self) -> np.ndarray | None:
+        """Per-slot priorities, for a prioritized remover (None: no priorities)."""
+        return None
 
     def update_priorities(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no priorities to update")
@@ -42,3 +55,8 @@ class Sampler(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         del state
+
+
+def _require(table: SlotTable) -> None:
+    if table.count <= 0:
+        raise ValueError("cannot sample from an empty buffer")

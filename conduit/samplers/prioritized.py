@@ -17,13 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from conduit.samplers.base import Draw, Sampler
+from conduit.samplers.base import Draw, Sampler, _require
 from conduit.samplers.sumtree import SumTree
+from conduit.slots import SlotTable
 
 __all__ = ["PrioritizedSampler"]
 
 
 class PrioritizedSampler(Sampler):
+    name = "prioritized"
+
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6) -> None:
         super().__init__(capacity)
         self.alpha = alpha
@@ -35,10 +38,17 @@ class PrioritizedSampler(Sampler):
     def on_insert(self, slots: np.ndarray) -> None:
         self.tree.update(slots, np.full(len(slots), self.max_priority**self.alpha))
 
-    def sample(self, n: int, size: int, rng: np.random.Generator) -> Draw:
+    def on_release(self, slots: np.ndarray) -> None:
+        self.tree.update(slots, np.zeros(len(slots)))
+
+    def priorities(self) -> np.ndarray:
+        return self.tree.leaves()
+
+    def sample(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
+        _require(table)
         total = self.tree.total
-        if size <= 0 or total <= 0:
-            raise ValueError("cannot sample from an empty buffer")
+        if total <= 0:
+            raise ValueError("cannot sample: every live transition has priority 0")
         segment = total / n
         points = (np.arange(n) + rng.random(n)) * segment
         np.clip(points, 0.0, np.nextafter(total, 0.0), out=points)

@@ -1,16 +1,53 @@
-"""Uniform replay: every valid slot equally likely, with replacement."""
+"""Uniform, FIFO and LIFO selection of live slots."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from conduit.samplers.base import Draw, Sampler
+from conduit.samplers.base import Draw, Sampler, _require
+from conduit.slots import SlotTable
 
-__all__ = ["UniformSampler"]
+__all__ = ["FifoSampler", "LifoSampler", "UniformSampler"]
 
 
 class UniformSampler(Sampler):
-    def sample(self, n: int, size: int, rng: np.random.Generator) -> Draw:
-        if size <= 0:
-            raise ValueError("cannot sample from an empty buffer")
-        return Draw(rng.integers(0, size, n, dtype=np.int64))
+    """Every live slot equally likely, with replacement."""
+
+    name = "uniform"
+
+    def sample(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
+        _require(table)
+        if table.contiguous:
+            return Draw(rng.integers(0, table.count, n, dtype=np.int64))
+        valid = table.valid_slots()
+        return Draw(valid[rng.integers(0, valid.size, n, dtype=np.int64)])
+
+
+def _ordered(n: int, table: SlotTable, newest: bool) -> np.ndarray:
+    valid = table.valid_slots()
+    key = -table.ids[valid] if newest else table.ids[valid]
+    k = min(n, valid.size)
+    pick = np.argpartition(key, k - 1)[:k] if k < valid.size else np.arange(valid.size)
+    pick = pick[np.argsort(key[pick])]
+    chosen = valid[pick]
+    return np.resize(chosen, n)  # fewer live rows than asked: cycle through them
+
+
+class FifoSampler(Sampler):
+    """The ``n`` oldest live transitions, oldest first (a queue, with ``max_times_sampled=1``)."""
+
+    name = "fifo"
+
+    def sample(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
+        _require(table)
+        return Draw(_ordered(n, table, newest=False))
+
+
+class LifoSampler(Sampler):
+    """The ``n`` newest live transitions, newest first (a stack)."""
+
+    name = "lifo"
+
+    def sample(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
+        _require(table)
+        return Draw(_ordered(n, table, newest=True))

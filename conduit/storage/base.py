@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from conduit.spec import ExperienceSpec
@@ -41,6 +42,17 @@ class Storage(ABC):
 
         ``data`` is already validated against the spec.
         """
+
+    def write_slots(self, slots: np.ndarray, data: Mapping[str, torch.Tensor]) -> None:
+        """Write row ``i`` of ``data`` to slot ``slots[i]`` (any order); runs of consecutive slots are one copy."""
+        slots = np.asarray(slots, dtype=np.int64)
+        if slots.size == 0:
+            return
+        breaks = np.flatnonzero(np.diff(slots) != 1) + 1
+        starts = np.concatenate([[0], breaks])
+        ends = np.concatenate([breaks, [slots.size]])
+        for a, b in zip(starts.tolist(), ends.tolist()):
+            self.write(int(slots[a]), {k: v[a:b] for k, v in data.items()})
 
     @abstractmethod
     def gather(self, indices: torch.Tensor, device: torch.device | None = None) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from conduit.errors import PlacementError
@@ -106,6 +107,17 @@ class TensorStorage(Storage):
             copy_into(dst[start : start + first], src[:first], non_blocking)
             if first < n:
                 copy_into(dst[: n - first], src[first:], non_blocking)
+
+    def write_slots(self, slots: np.ndarray, data: Mapping[str, torch.Tensor]) -> None:
+        idx = torch.as_tensor(np.asarray(slots, dtype=np.int64)).to(self.device)
+        for name, dst in self.tensors.items():
+            src = data[name]
+            if src.shape[1:] != dst.shape[1:]:
+                src = _pad_to(src, dst.shape[1:])
+            src = src.to(self.device, non_blocking=self.device.type == "cuda")
+            step = _serial_rows(dst) or idx.shape[0]
+            for i in range(0, idx.shape[0], step):
+                dst.index_copy_(0, idx[i : i + step], src[i : i + step])
 
     def gather(self, indices: torch.Tensor, device: torch.device | None = None) -> dict[str, torch.Tensor]:
         idx = indices if indices.device == self.device else indices.to(self.device)

@@ -61,13 +61,16 @@ class FieldSpec:
 
     ``growable`` marks a field whose trailing shape may grow during a run
     (longer sequences, larger observations); growth triggers re-layout instead
-    of a :class:`SpecError`.
+    of a :class:`SpecError`. ``finite`` rejects NaN/inf values and
+    ``contiguous`` rejects non-contiguous tensors (otherwise copied as needed).
     """
 
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
     growable: bool = False
+    finite: bool = False
+    contiguous: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -84,11 +87,17 @@ class FieldSpec:
         return self.numel * _itemsize(self.dtype)
 
     def to_json(self) -> dict[str, Any]:
-        return {"shape": list(self.shape), "dtype": dtype_name(self.dtype), "growable": self.growable}
+        return {
+            "shape": list(self.shape), "dtype": dtype_name(self.dtype), "growable": self.growable,
+            "finite": self.finite, "contiguous": self.contiguous,
+        }
 
     @classmethod
     def from_json(cls, name: str, d: Mapping[str, Any]) -> FieldSpec:
-        return cls(name, tuple(int(s) for s in d["shape"]), dtype_from_name(d["dtype"]), bool(d.get("growable", False)))
+        return cls(
+            name, tuple(int(s) for s in d["shape"]), dtype_from_name(d["dtype"]), bool(d.get("growable", False)),
+            bool(d.get("finite", False)), bool(d.get("contiguous", False)),
+        )
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -201,10 +210,17 @@ class ExperienceSpec:
                         f"{dtype_name(t.dtype)}, which cannot be cast safely"
                     )
                 t = t.to(f.dtype)
-            if device is not None and t.device.type != "cpu" and t.device != device:
-                raise SpecError(
-                    f"field {name!r}: expected a tensor on the host or on {device}, received one on {t.device}"
-                )
+            if t.device.type not in ("cpu", "cuda") or (
+                device is not None and t.device.type != "cpu" and t.device != device
+            ):
+                where = f"the host or {device}" if device is not None else "the host or a GPU"
+                raise SpecError(f"field {name!r}: expected a tensor on {where}, received one on {t.device}")
+            if f.contiguous and not t.is_contiguous():
+                raise SpecError(f"field {name!r}: expected a contiguous tensor, received strides {t.stride()}")
+            if f.finite and (t.is_floating_point() or t.is_complex()):
+                bad = int((~torch.isfinite(t)).sum())
+                if bad:
+                    raise SpecError(f"field {name!r}: expected finite values, received {bad} NaN/inf of {t.numel()}")
             out[name] = t
         return out
 

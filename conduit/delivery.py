@@ -31,11 +31,11 @@ import torch
 
 from conduit.batch import Batch, BatchInfo
 from conduit.buffer import IterationBuffer, ReplayBuffer
-from conduit.errors import ConduitError, RateLimited, RuntimeFailed
-from conduit.executor import FailureBox, StreamSet, Worker, handoff, in_worker, wait_until
+from conduit.errors import ConduitError, RateLimited
+from conduit.executor import FailureBox, StreamSet, Worker, fail, handoff, in_worker, wait_until
 from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, Reader, Writer
-from conduit.ratelimit import RateLimiter
 from conduit.operators import FnOperator, Graph, HookOperator, OperatorKind, Packet
+from conduit.ratelimit import RateLimiter
 from conduit.scheduling.space import Mode
 from conduit.trace import Tracer
 
@@ -177,10 +177,8 @@ class DeliveryPath(ABC):
         granularity = packet.meta["granularity"]
         try:
             packet = self.graph.run(packet, granularity)
-        except RuntimeFailed:
-            raise
         except Exception as exc:
-            raise self.failure.set("delivery hook/operator", exc) from exc
+            fail(self.failure, "delivery operator", exc)
         infos = self._infos(packet)
         event = self.streams[learner].record() if in_worker() else None  # inline: the caller's own stream
         return [_Staged(part, info, event) for part, info in zip(packet.parts, infos)]

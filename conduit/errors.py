@@ -14,13 +14,17 @@ __all__ = [
     "ConduitError",
     "ConduitTimeout",
     "ConfigError",
+    "DeviceFailed",
     "HookError",
+    "HookFailed",
     "PlacementError",
     "RateLimited",
     "RuntimeClosed",
     "RuntimeFailed",
     "SemanticsError",
     "SpecError",
+    "WorkerDied",
+    "classify",
 ]
 
 
@@ -79,3 +83,29 @@ class RuntimeFailed(ConduitError, RuntimeError):
             f"--- original traceback ---\n{self.original_traceback}"
         )
         self.__cause__ = original
+
+
+class HookFailed(RuntimeFailed):
+    """A registered ingestion or delivery hook raised."""
+
+
+class DeviceFailed(RuntimeFailed):
+    """A device (CUDA) error on a transfer or stream; the device may need a reset."""
+
+
+class WorkerDied(RuntimeFailed):
+    """A worker thread failed outside any operator (a bug, or an injected fault)."""
+
+
+def classify(where: str, exc: BaseException, tb_text: str | None = None) -> RuntimeFailed:
+    """Wrap ``exc`` in the RuntimeFailed subtype that says what failed."""
+    if isinstance(exc, RuntimeFailed):
+        return exc
+    name = type(exc).__name__
+    if name in ("AcceleratorError", "CudaError", "OutOfMemoryError") or (
+        isinstance(exc, RuntimeError) and ("CUDA error" in str(exc) or "CUDA out of memory" in str(exc))
+    ):
+        return DeviceFailed(where, exc, tb_text)
+    if where.endswith("worker"):
+        return WorkerDied(where, exc, tb_text)
+    return RuntimeFailed(where, exc, tb_text)

@@ -24,12 +24,13 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import NoReturn
 
 import torch
 
-from conduit.errors import ConduitTimeout, RuntimeClosed, RuntimeFailed
+from conduit.errors import ConduitTimeout, RuntimeClosed, RuntimeFailed, classify
 
-__all__ = ["FailureBox", "StreamOrder", "StreamSet", "Worker", "handoff", "in_worker", "wait_until"]
+__all__ = ["FailureBox", "StreamOrder", "StreamSet", "Worker", "fail", "handoff", "in_worker", "wait_until"]
 
 log = logging.getLogger("conduit")
 
@@ -63,7 +64,7 @@ class FailureBox:
         with self._lock:
             if self._error is None:
                 tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-                self._error = exc if isinstance(exc, RuntimeFailed) else RuntimeFailed(where, exc, tb)
+                self._error = classify(where, exc, tb)
                 log.error("conduit: %s failed: %r", where, exc)
             return self._error
 
@@ -78,6 +79,14 @@ class FailureBox:
             raise err
         if self.closed:
             raise RuntimeClosed("the Conduit runtime is closed")
+
+
+def fail(failure: FailureBox, where: str, exc: BaseException) -> NoReturn:
+    """Record ``exc`` as the runtime's failure and raise it (typed, original traceback attached)."""
+    err = failure.set(where, exc)
+    if err is exc:
+        raise err
+    raise err from exc
 
 
 def wait_until(

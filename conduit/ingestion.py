@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 import torch
 
 from conduit.buffer import IterationBuffer, ReplayBuffer
-from conduit.errors import ConduitError, RateLimited, RuntimeFailed, SemanticsError
-from conduit.executor import FailureBox, StreamSet, Worker, wait_until
+from conduit.errors import RateLimited, SemanticsError
+from conduit.executor import FailureBox, StreamSet, Worker, fail, wait_until
 from conduit.hooks import ACTOR, EXPERIENCE_BUFFER, Reader, Writer
-from conduit.ratelimit import RateLimiter
 from conduit.operators import FnOperator, Graph, HookOperator, OperatorKind, Packet
+from conduit.ratelimit import RateLimiter
 from conduit.scheduling.space import Mode
 from conduit.spec import Data, as_tensors, batch_size_of
 from conduit.trace import Tracer
@@ -255,12 +255,7 @@ class IngestionPath:
                     group = self._take_group(flush)
                 if group is None:
                     return
-                try:
-                    self._invoke(group)
-                except ConduitError:
-                    raise
-                except Exception as exc:
-                    raise self.failure.set("ingestion (inline)", exc) from exc
+                self._invoke(group)
 
     def _invoke(self, group: list[_Piece]) -> None:
         granularity = float(self.mode.granularity)
@@ -268,9 +263,7 @@ class IngestionPath:
         try:
             self.graph.run(packet, granularity)
         except Exception as exc:
-            if isinstance(exc, RuntimeFailed):
-                raise
-            raise self.failure.set("ingestion hook/operator", exc) from exc
+            fail(self.failure, "ingestion operator", exc)
         with self.cond:
             self.stats.invocations += 1
             self.pending_units -= sum(1 for p in group if p.unit_end)

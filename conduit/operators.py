@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from conduit.errors import HookFailed
 from conduit.hooks import Reader, Writer
 from conduit.trace import Tracer
 
@@ -86,7 +87,11 @@ class HookOperator(Operator):
     def run(self, packet: Packet) -> Packet:
         data = concat(packet.parts)
         out = Writer(self._sink)
-        self._fn(Reader(self._source, data, packet.meta), out)
+        try:
+            self._fn(Reader(self._source, data, packet.meta), out)
+        except Exception as exc:
+            name = getattr(self._fn, "__qualname__", repr(self._fn))
+            raise HookFailed(f"the {self._source}->{self._sink} hook {name!r}", exc) from exc
         packet.parts = out.items
         return packet
 

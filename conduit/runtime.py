@@ -43,12 +43,12 @@ from conduit.errors import ConfigError, RuntimeClosed, SemanticsError
 from conduit.executor import FailureBox
 from conduit.hooks import HookKind, HookRegistry
 from conduit.ingestion import IngestionPath
-from conduit.remote import ActorChannel
 from conduit.ratelimit import RateLimiter
+from conduit.remote import ActorChannel
 from conduit.samplers import FifoSampler, LifoSampler, PrioritizedSampler, UniformSampler
-from conduit.slots import make_remover
 from conduit.samplers.base import Sampler
 from conduit.scheduling.space import Schedule, is_feasible_mode
+from conduit.slots import make_remover
 from conduit.spec import Data, ExperienceSpec
 from conduit.storage import FixedStorage, StoragePolicy
 from conduit.trace import Tracer, global_tracer

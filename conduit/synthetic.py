@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -45,7 +45,7 @@ class Burner:
     GIL back and forth as often as a real update does, not every few microseconds.
     """
 
-    _calibration: dict[int, float] = {}
+    _calibration: ClassVar[dict[int, float]] = {}
 
     def __init__(self, kind: CostKind = CostKind.COMPUTE, size: int = 256) -> None:
         self.kind = kind

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from typer.testing import CliRunner
-
 from conduit.cli.main import app
+from typer.testing import CliRunner
 
 TINY = ["--dim", "16", "--unit-size", "32", "--batch-size", "32", "--capacity", "2048", "--rollout-ms", "0.2", "--update-ms", "0.5"]
 

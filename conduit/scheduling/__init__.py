@@ -7,7 +7,6 @@ from their modules (``from conduit.scheduling.auto import AutoPlanner``).
 from __future__ import annotations
 
 from conduit.scheduling.model import Costs, Prediction, optimize, predict, rank
-
 from conduit.scheduling.space import (
     Mode,
     Policy,

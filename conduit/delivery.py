@@ -18,11 +18,12 @@ learners each pull their own batches.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -82,6 +83,7 @@ class DeliveryPath(ABC):
         self.pulls = [0] * self.num_learners
         self._busy = [False] * self.num_learners
         self._data_waiters = 0  # threads waiting for buffer data (worker or inline pulls)
+        self._paused = False
         self._invoke_locks = [threading.Lock() for _ in self.devices]
         self.stats = DeliveryStats()
         self.streams = [StreamSet(d) for d in self.devices]
@@ -185,7 +187,7 @@ class DeliveryPath(ABC):
 
     def _step(self) -> None:
         with self.cond:
-            if not self.mode.overlap:  # switched to inline: this worker is being retired
+            if not self.mode.overlap or self._paused:  # retired (switched to inline) or paused
                 self.cond.wait(0.05)
                 return
             idle = [r for r in range(self.num_learners) if not self.staged[r] and not self._busy[r]]
@@ -271,6 +273,29 @@ class DeliveryPath(ABC):
                 self.staged[learner].extend(staged)
                 self.stats.invocations += 1
                 return self._pop(learner)
+
+    @contextlib.contextmanager
+    def paused(self, timeout: float | None = None) -> Iterator[None]:
+        """No delivery invocation runs inside this block (staged batches can still be pulled)."""
+        timeout = self.timeout if timeout is None else timeout
+        with contextlib.ExitStack() as stack:
+            for lock in self._invoke_locks:
+                stack.enter_context(lock)
+            with self.cond:
+                self._paused = True
+                try:
+                    wait_until(
+                        self.cond, lambda: not any(self._busy), timeout, self.failure, lambda: "delivery to pause"
+                    )
+                except BaseException:
+                    self._paused = False
+                    raise
+            try:
+                yield
+            finally:
+                with self.cond:
+                    self._paused = False
+                    self.cond.notify_all()
 
     def set_mode(self, mode: Mode, timeout: float | None = None) -> None:
         """Switch timing/granularity; staged batches stay and keep the mode they were made under."""

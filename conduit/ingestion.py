@@ -18,11 +18,12 @@ is sealed for delivery once every piece of it has been written.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -93,6 +94,8 @@ class IngestionPath:
         self.limiter = limiter
         self.block = block
         self._identity = hook is None
+        self._paused = False
+        self._busy = False
         self.streams = StreamSet(stream_device)
         # on-policy push-side iteration accounting
         self._push_iter = 0
@@ -238,15 +241,21 @@ class IngestionPath:
 
     def _step(self) -> None:
         with self.cond:
-            if not self.mode.overlap:  # switched to inline: this worker is being retired
+            if not self.mode.overlap or self._paused:  # retired (switched to inline) or paused
                 self.cond.wait(0.05)
                 return
             group = self._take_group(self.flushing > 0)
             if group is None:
                 self.cond.wait(0.05)
                 return
-        with self.streams.active():
-            self._invoke(group)
+            self._busy = True
+        try:
+            with self.streams.active():
+                self._invoke(group)
+        finally:
+            with self.cond:
+                self._busy = False
+                self.cond.notify_all()
 
     def _drain_inline(self, flush: bool) -> None:
         with self._invoke_lock:
@@ -324,6 +333,25 @@ class IngestionPath:
                 )
             finally:
                 self.flushing -= 1
+
+    @contextlib.contextmanager
+    def paused(self, timeout: float | None = None) -> Iterator[None]:
+        """No ingestion invocation runs inside this block (pushes still queue)."""
+        timeout = self.timeout if timeout is None else timeout
+        with self._invoke_lock:
+            with self.cond:
+                self._paused = True
+                try:
+                    wait_until(self.cond, lambda: not self._busy, timeout, self.failure, lambda: "ingestion to pause")
+                except BaseException:
+                    self._paused = False
+                    raise
+            try:
+                yield
+            finally:
+                with self.cond:
+                    self._paused = False
+                    self.cond.notify_all()
 
     def set_mode(self, mode: Mode, timeout: float | None = None) -> None:
         """Switch timing/granularity: everything pushed so far is ingested under the old mode first."""

@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -47,7 +48,7 @@ from conduit.ratelimit import RateLimiter
 from conduit.remote import ActorChannel
 from conduit.samplers import FifoSampler, LifoSampler, PrioritizedSampler, UniformSampler
 from conduit.samplers.base import Sampler
-from conduit.scheduling.space import Schedule, is_feasible_mode
+from conduit.scheduling.space import Mode, Schedule, is_feasible_mode
 from conduit.slots import make_remover
 from conduit.spec import Data, ExperienceSpec
 from conduit.storage import FixedStorage, StoragePolicy
@@ -361,6 +362,46 @@ class Conduit:
         self.delivery.set_mode(schedule.delivery, timeout)
         self.schedule = schedule
         log.info("conduit: rescheduled to %s", schedule)
+
+    @contextlib.contextmanager
+    def quiesced(self, timeout: float | None = None) -> Iterator[None]:
+        """Hold both paths still between invocations (checkpoints capture this point).
+
+        Units pushed but not yet ingested stay queued (a checkpoint saves them),
+        so capturing the state does not change when anything is ingested.
+        """
+        self._ensure_started()
+        assert self.ingestion is not None and self.delivery is not None
+        with self.ingestion.paused(timeout), self.delivery.paused(timeout):
+            yield
+
+    def save(self, path: str | Path, *, timeout: float | None = None) -> Path:
+        """Checkpoint the whole buffer state to ``path`` atomically (see :mod:`conduit.checkpoint`)."""
+        from conduit.checkpoint import save
+
+        return save(self, path, timeout=timeout)
+
+    def restore(self, path: str | Path) -> dict[str, Any]:
+        """Load a checkpoint into this fresh runtime; returns its manifest."""
+        from conduit.checkpoint import load_into
+
+        return load_into(self, path)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, *, storage: StoragePolicy | None = None, **overrides: Any) -> Conduit:
+        """A runtime rebuilt from a checkpoint's config (``overrides`` change fields, e.g. ``storage_device``)."""
+        from conduit.checkpoint import read_manifest
+
+        _, manifest = read_manifest(path)
+        config = ConduitConfig(**{**manifest["config"], **overrides})
+        spec = ExperienceSpec.from_json(manifest["spec"]) if manifest["spec"] else None
+        schedule = Schedule(
+            Mode(manifest["schedule"]["ingestion"]["overlap"], manifest["schedule"]["ingestion"]["granularity"]),
+            Mode(manifest["schedule"]["delivery"]["overlap"], manifest["schedule"]["delivery"]["granularity"]),
+        )
+        runtime = cls(config, spec=spec, schedule=schedule if "schedule" not in overrides else None, storage=storage)
+        runtime.restore(path)
+        return runtime
 
     # -- introspection -----------------------------------------------------------
     @property

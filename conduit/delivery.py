@@ -33,7 +33,7 @@ import torch
 from conduit.batch import Batch, BatchInfo
 from conduit.buffer import IterationBuffer, ReplayBuffer
 from conduit.errors import ConduitError, RateLimited
-from conduit.executor import FailureBox, StreamSet, Worker, fail, handoff, in_worker, wait_until
+from conduit.executor import FailureBox, StreamSet, Worker, fail, handoff, hold_still, in_worker, wait_until
 from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, Reader, Writer
 from conduit.operators import FnOperator, Graph, HookOperator, OperatorKind, Packet
 from conduit.ratelimit import RateLimiter
@@ -281,21 +281,8 @@ class DeliveryPath(ABC):
         with contextlib.ExitStack() as stack:
             for lock in self._invoke_locks:
                 stack.enter_context(lock)
-            with self.cond:
-                self._paused = True
-                try:
-                    wait_until(
-                        self.cond, lambda: not any(self._busy), timeout, self.failure, lambda: "delivery to pause"
-                    )
-                except BaseException:
-                    self._paused = False
-                    raise
-            try:
-                yield
-            finally:
-                with self.cond:
-                    self._paused = False
-                    self.cond.notify_all()
+            stack.enter_context(hold_still(self, lambda: not any(self._busy), timeout, "delivery to pause"))
+            yield
 
     def set_mode(self, mode: Mode, timeout: float | None = None) -> None:
         """Switch timing/granularity; staged batches stay and keep the mode they were made under."""

@@ -24,13 +24,23 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 
 from conduit.errors import ConduitTimeout, RuntimeClosed, RuntimeFailed, classify
 
-__all__ = ["FailureBox", "StreamOrder", "StreamSet", "Worker", "fail", "handoff", "in_worker", "wait_until"]
+__all__ = [
+    "FailureBox",
+    "StreamOrder",
+    "StreamSet",
+    "Worker",
+    "fail",
+    "handoff",
+    "hold_still",
+    "in_worker",
+    "wait_until",
+]
 
 log = logging.getLogger("conduit")
 
@@ -109,6 +119,29 @@ def wait_until(
             raise ConduitTimeout(f"timed out after {timeout:.3g}s waiting for {what()}")
         cond.wait(min(left, POLL_S))
     failure.check()
+
+
+@contextlib.contextmanager
+def hold_still(path: Any, idle: Callable[[], bool], timeout: float, what: str) -> Iterator[None]:
+    """Pause a path between invocations: set ``path._paused`` and wait (bounded) until ``idle()``.
+
+    ``path`` has ``cond``, ``failure`` and ``_paused``; its worker checks
+    ``_paused`` before starting an invocation. The caller holds the path's
+    inline invocation lock(s), so no inline invocation starts either.
+    """
+    with path.cond:
+        path._paused = True
+        try:
+            wait_until(path.cond, idle, timeout, path.failure, lambda: what)
+        except BaseException:
+            path._paused = False
+            raise
+    try:
+        yield
+    finally:
+        with path.cond:
+            path._paused = False
+            path.cond.notify_all()
 
 
 class Worker:

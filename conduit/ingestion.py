@@ -30,7 +30,7 @@ import torch
 
 from conduit.buffer import IterationBuffer, ReplayBuffer
 from conduit.errors import RateLimited, SemanticsError
-from conduit.executor import FailureBox, StreamSet, Worker, fail, wait_until
+from conduit.executor import FailureBox, StreamSet, Worker, fail, hold_still, wait_until
 from conduit.hooks import ACTOR, EXPERIENCE_BUFFER, Reader, Writer
 from conduit.operators import FnOperator, Graph, HookOperator, OperatorKind, Packet
 from conduit.ratelimit import RateLimiter
@@ -338,20 +338,8 @@ class IngestionPath:
     def paused(self, timeout: float | None = None) -> Iterator[None]:
         """No ingestion invocation runs inside this block (pushes still queue)."""
         timeout = self.timeout if timeout is None else timeout
-        with self._invoke_lock:
-            with self.cond:
-                self._paused = True
-                try:
-                    wait_until(self.cond, lambda: not self._busy, timeout, self.failure, lambda: "ingestion to pause")
-                except BaseException:
-                    self._paused = False
-                    raise
-            try:
-                yield
-            finally:
-                with self.cond:
-                    self._paused = False
-                    self.cond.notify_all()
+        with self._invoke_lock, hold_still(self, lambda: not self._busy, timeout, "ingestion to pause"):
+            yield
 
     def set_mode(self, mode: Mode, timeout: float | None = None) -> None:
         """Switch timing/granularity: everything pushed so far is ingested under the old mode first."""

@@ -247,6 +247,13 @@ class ReplayBuffer:
                 self.sampler.update_priorities(indices[live], pr[live])
             return int(live.sum())
 
+    def release(self) -> None:
+        """Free the storage (the runtime closed); the slot table stays readable."""
+        with self.lock:
+            if self.storage is not None:
+                self.storage.close()
+            self.on_data.clear()
+
     def contents(self) -> dict[str, torch.Tensor]:
         """A copy of all live rows in slot order (tests, checkpoints)."""
         with self.lock:
@@ -322,6 +329,18 @@ class IterationBuffer:
 
     def validate(self, parts: Sequence[Data]) -> list[dict[str, torch.Tensor]]:
         return self._specs.check(parts)
+
+    def release(self) -> None:
+        """Free every store (the runtime closed)."""
+        with self.lock:
+            for it in self.iterations.values():
+                it.storage.close()
+            for storage in self._free:
+                storage.close()
+            self.iterations.clear()
+            self._free.clear()
+            self.on_data.clear()
+            self.on_release.clear()
 
     def accepts(self, iteration: int) -> bool:
         """Whether rows of ``iteration`` can be stored now (back-pressure)."""

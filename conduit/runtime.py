@@ -40,7 +40,7 @@ from conduit.batch import Batch, BatchInfo
 from conduit.buffer import IterationBuffer, ReplayBuffer
 from conduit.config import ConduitConfig, Policy, SamplerKind
 from conduit.delivery import DeliveryPath, MinibatchDelivery, ReplayDelivery
-from conduit.errors import ConfigError, RuntimeClosed, SemanticsError
+from conduit.errors import ConduitError, ConfigError, RuntimeClosed, SemanticsError
 from conduit.executor import FailureBox
 from conduit.hooks import HookKind, HookRegistry
 from conduit.ingestion import IngestionPath
@@ -445,11 +445,22 @@ class Conduit:
         }
 
     # -- lifecycle -------------------------------------------------------------
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop both workers and release storage; idempotent, never hangs past ``timeout`` per worker."""
+    def close(self, timeout: float = 5.0, *, drain: bool = True) -> None:
+        """Stop both workers and release storage; idempotent, never hangs past ``timeout`` per step.
+
+        ``drain`` (default) first ingests units already pushed, like a writer's
+        flush, when the runtime is healthy; with ``drain=False`` (or after a
+        failure) they are dropped. Rows in the buffer are released either way:
+        ``save()`` first to keep them.
+        """
         with self._start_lock:
             if self._closed:
                 return
+            if drain and self._started and self.failure.error is None and self.ingestion is not None:
+                try:
+                    self.ingestion.flush(timeout)
+                except ConduitError as e:
+                    log.warning("conduit: close could not drain pending units: %s", e)
             self._closed = True
             self.failure.closed = True
         if isinstance(self.delivery, ReplayDelivery):
@@ -462,6 +473,20 @@ class Conduit:
                 stopped &= path.close(timeout)
         if not stopped:
             log.warning("conduit: a worker thread did not stop within %.3gs", timeout)
+        self._release()
+
+    def _release(self) -> None:
+        """Drop storage and staged data now; reference cycles (threads, callbacks) would keep them for a GC."""
+        if self.buffer is not None:
+            self.buffer.release()
+        if self.delivery is not None:
+            with self.delivery.cond:
+                for q in self.delivery.staged:
+                    q.clear()
+        if self.ingestion is not None:
+            with self.ingestion.cond:
+                self.ingestion.queue.clear()
+        self.observers.clear()
 
     @property
     def closed(self) -> bool:

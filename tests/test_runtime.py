@@ -270,3 +270,20 @@ def test_conflicting_config_arguments():
         Conduit(conduit.ConduitConfig(policy="off_policy", train_batch_size=1, capacity=2), capacity=3)
     with pytest.raises(conduit.ConfigError, match="not feasible"):
         Conduit(policy="on_policy", train_batch_size=8, schedule=Schedule(Mode(True, 1), Mode(False, 1)))
+
+
+def test_close_drains_pending_units_like_a_writer_flush_and_releases_storage():
+    edp = off_runtime(Mode(False, 3), Mode(False, 1))
+    edp.push(transitions(4))
+    edp.push(transitions(4, start=4))  # both pending: their group of 3 is incomplete
+    assert edp.stats().ingested_rows == 0 and edp.buffer.storage is None
+    edp.close()
+    assert edp.stats().ingested_rows == 8
+    assert edp.buffer.storage.tensors == {}  # memory is released at close, not at some later GC
+
+
+def test_close_without_drain_drops_pending_units():
+    edp = off_runtime(Mode(False, 3), Mode(False, 1))
+    edp.push(transitions(4))
+    edp.close(drain=False)
+    assert edp.stats().ingested_rows == 0

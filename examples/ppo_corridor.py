@@ -68,7 +68,7 @@ def main(iterations: int = 40, epochs: int = 4, minibatches: int = 4, seed: int 
     mean_return = 0.0
     t0 = time.perf_counter()
     with edp:
-        for it in range(iterations):
+        for _ in range(iterations):
             unit = rollout(policy, g)
             mean_return = float(unit["reward"].sum()) / N_ENVS
             edp.push(unit)  # one unit == one iteration here (train_batch_size = T * N_ENVS)

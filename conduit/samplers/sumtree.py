@@ -59,6 +59,16 @@ class SumTree:
         nodes = leaves + self.size
         self._sum[nodes] = values
         self._min[nodes] = np.where(values > 0, values, np.inf)
+        if leaves.size <= 4:  # a few leaves: walk up with scalars, cheaper than numpy calls per level
+            s, m = self._sum, self._min
+            for node in nodes.tolist():
+                node >>= 1
+                while node >= 1:
+                    left = 2 * node
+                    s[node] = s[left] + s[left + 1]
+                    m[node] = min(m[left], m[left + 1])
+                    node >>= 1
+            return
         nodes = np.unique(nodes >> 1)
         while nodes.size and nodes[0] >= 1:
             left, right = 2 * nodes, 2 * nodes + 1

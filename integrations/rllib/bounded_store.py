@@ -1,0 +1,271 @@
+"""The bounded mode: Conduit's runtime behind RLlib's replay-buffer calls.
+
+``add()`` folds episode chunks into n-step-ready rows (:mod:`.nstep`) and pushes
+them into a :class:`conduit.Conduit` (off-policy replay). ``sample()`` pulls a
+batch from its delivery path; the registered delivery hook turns gathered rows
+into the learner's columns. Whether ingestion and delivery overlap the rollout
+and the update (the delivery worker drawing batch k+1 while the learner trains
+on k, at most ``max_staleness`` batches ahead) is Conduit's schedule's call, or
+pinned with ``prefetch``. Each handed-out batch keeps its slots and transition
+ids, so its priority update lands on its own transitions and is dropped for
+slots overwritten since (the core's generation check).
+
+The runtime starts at the first ``sample()`` (it learns the batch size there):
+rows added during RLlib's warm-up wait as numpy arrays and enter the buffer in
+one write, so the first batch is never drawn from a nearly empty buffer.
+
+The core API used: ``Conduit`` (config, ``register_delivery``, ``start``,
+``push``, ``pull``, ``flush``, ``close``) and its ``ReplayBuffer`` (``lock``,
+``ids``, ``size``, ``storage.gather``, ``write``, ``sample``,
+``update_priorities``, ``rng``, ``sampler.tree`` / ``max_priority`` / ``beta``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+import conduit
+from conduit.batch import BatchInfo
+from conduit.buffer import ReplayBuffer
+from conduit.errors import SemanticsError
+from conduit.hooks import Reader, Writer
+
+from .columnar import HostGatherStoragePolicy
+from .episodes import LEARNER_COLUMNS, Chunk, PreparedBatch, learner_dtype
+from .nstep import NStepFolder
+from .options import BufferOptions
+
+__all__ = ["BoundedStore", "Handle", "learner_columns"]
+
+
+def learner_columns(data: dict[str, torch.Tensor], weights: np.ndarray | None, n_step: int) -> dict[str, torch.Tensor]:
+    """Gathered ring rows -> the columns RLlib's learner connector builds (plus float64 extras)."""
+    rows = int(data["rewards"].shape[0])
+    device = data["rewards"].device
+    w = torch.from_numpy(np.asarray(weights)) if weights is not None else torch.ones(rows, dtype=torch.float64)
+    return {
+        "obs": data["obs"].to(learner_dtype(data["obs"].dtype)),
+        "new_obs": data["new_obs"].to(learner_dtype(data["new_obs"].dtype)),
+        "actions": data["actions"].to(learner_dtype(data["actions"].dtype)),
+        "rewards": data["rewards"].to(torch.float32),
+        "terminateds": data["terminateds"],
+        "truncateds": data["truncateds"],
+        "weights": w.to(device=device, dtype=torch.float32),
+        "n_step": torch.full((rows,), n_step, dtype=torch.int64, device=device),
+        "returns64": data["rewards"],
+        "weights64": w.to(device=device, dtype=torch.float64),
+        "t_started": data["t"],
+    }
+
+
+def _prepared(cols: dict[str, torch.Tensor]) -> PreparedBatch:
+    extras = {
+        "returns": cols["returns64"], "weights": cols["weights64"], "n_step": cols["n_step"],
+        "terminated": cols["terminateds"], "truncated": cols["truncateds"], "t_started": cols["t_started"],
+    }
+    return PreparedBatch({k: cols[k] for k in LEARNER_COLUMNS}, extras)
+
+
+@dataclass
+class Handle:
+    """Which ring slots and transition ids a handed-out batch holds."""
+
+    indices: np.ndarray
+    ids: np.ndarray
+    prefetched: bool
+    staleness: int = 0
+    version_lag: int = 0
+
+
+class BoundedStore:
+    """n-step rows in a Conduit replay ring, delivered by its (prefetching) delivery path."""
+
+    def __init__(self, capacity: int, *, prioritized: bool, alpha: float, beta: float, options: BufferOptions) -> None:
+        if isinstance(options.n_step, tuple):
+            raise conduit.ConfigError(
+                f"n_step={options.n_step}: a random n-step range cannot be folded at ingestion; "
+                "use staleness='exact' for it"
+            )
+        self.capacity = capacity
+        self.prioritized = prioritized
+        self.alpha = alpha
+        self.beta = beta
+        self.options = options
+        self.folder = NStepFolder(options.n_step, options.gamma)
+        self.edp: conduit.Conduit | None = None
+        self.pending: list[dict[str, np.ndarray]] = []
+        self.restore: dict[str, Any] | None = None
+        self._rng = np.random.default_rng(options.seed)
+        self.rows_total = 0
+        self.episode_last_row: OrderedDict[str, int] = OrderedDict()
+
+    # -- the rng RLlib users set for reproducibility -------------------------------
+    @property
+    def rng(self) -> np.random.Generator:
+        return self.edp.buffer.rng if self.edp is not None and self.edp.buffer is not None else self._rng
+
+    @rng.setter
+    def rng(self, value: np.random.Generator) -> None:
+        self._rng = value
+        if self.edp is not None and self.edp.buffer is not None:
+            with self.edp.buffer.lock:
+                self.edp.buffer.rng = value
+
+    # -- add ------------------------------------------------------------------------
+    def add(self, chunks: list[Chunk]) -> int:
+        rows = self.folder.fold(chunks)
+        if rows is None:
+            return 0
+        n = len(rows["rewards"])
+        self.rows_total += n
+        for c in chunks:
+            self.episode_last_row[c.id] = self.rows_total
+            self.episode_last_row.move_to_end(c.id)
+        while self.episode_last_row and next(iter(self.episode_last_row.values())) <= self.rows_total - self.capacity:
+            self.episode_last_row.popitem(last=False)
+        if n > self.capacity:  # older rows would be overwritten by this very write
+            rows = {k: v[n - self.capacity :] for k, v in rows.items()}
+        if self.edp is None:
+            self.pending.append(rows)
+        else:
+            self.edp.push(rows)
+        return n
+
+    def __len__(self) -> int:
+        return min(self.capacity, self.rows_total)
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.episode_last_row)
+
+    # -- runtime ----------------------------------------------------------------------
+    def start(self, batch_size: int) -> None:
+        o = self.options
+        cfg = conduit.ConduitConfig(
+            policy="off_policy", train_batch_size=batch_size, capacity=self.capacity,
+            sampler="prioritized" if self.prioritized else "uniform",
+            prioritized=conduit.PrioritizedReplay(alpha=self.alpha, beta=self.beta),
+            learner_device=o.learner_device, storage_device=o.storage_device, max_staleness=o.max_staleness,
+            schedule=conduit.SchedulePin(delivery_overlap=o.prefetch), seed=o.seed, timeout_s=o.timeout_s,
+        )
+        host_only = o.storage_device in (None, "cpu") and o.learner_device == "cpu"
+        # on a CPU-only learner keep rows in host memory with the contention-proof gather;
+        # otherwise Conduit's placement decides where they live
+        edp = conduit.Conduit(cfg, storage=HostGatherStoragePolicy("cpu") if host_only else None)
+        n_step = self.folder.n
+
+        @edp.register_delivery(input="ExperienceBuffer", output="Learner")
+        def to_learner(exp_in: Reader, learn_out: Writer) -> None:
+            learn_out.write(learner_columns(exp_in.read(), exp_in.info.get("weights"), n_step))
+
+        edp.start()
+        buf = edp.buffer
+        assert isinstance(buf, ReplayBuffer)
+        self.edp = edp
+        with buf.lock:  # the delivery worker cannot draw before the restored priorities are in
+            buf.rng = self._rng
+            if self.pending:
+                rows = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]}
+                drop = max(0, len(rows["rewards"]) - self.capacity)
+                rows = {k: v[drop:] for k, v in rows.items()}
+                self.pending = []
+                written = buf.write([rows]) if len(rows["rewards"]) else None
+                self._apply_restore(buf, written, drop)
+
+    def _apply_restore(self, buf: Any, written: tuple[int, int] | None, drop: int) -> None:
+        restore, self.restore = self.restore, None
+        if restore is None or not self.prioritized or written is None:
+            return
+        first, n = written
+        leaves = np.asarray(restore["leaves"], dtype=np.float64)[drop:]
+        ids = np.asarray(buf.ids)
+        slots = np.flatnonzero((ids >= first) & (ids < first + min(n, len(leaves))))
+        slots = slots[np.argsort(ids[slots], kind="stable")]
+        if slots.size:
+            buf.sampler.tree.update(slots, leaves[: slots.size])
+        buf.sampler.max_priority = float(restore["max_priority"])
+
+    # -- sample ---------------------------------------------------------------------------
+    def sample(self, batch_size: int, beta: float) -> tuple[PreparedBatch, Handle]:
+        if self.edp is None:
+            self.start(batch_size)
+        edp = self.edp
+        assert edp is not None and edp.buffer is not None
+        buf = edp.buffer
+        if self.prioritized and beta != buf.sampler.beta:
+            with buf.lock:
+                buf.sampler.beta = beta  # applies from the next draw
+        if batch_size == edp.config.train_batch_size and (buf.size >= batch_size or self._flushed_enough(batch_size)):
+            batch = edp.pull(timeout=self.options.timeout_s)
+            return self._from_pull(batch.to_dict(), batch.info)
+        # a different batch size than the delivery path serves, or too few rows yet: draw inline
+        edp.flush()
+        if buf.size == 0:
+            raise SemanticsError("cannot sample from an empty replay buffer: add episodes first")
+        drawn = buf.sample(batch_size)
+        cols = learner_columns(drawn.data, drawn.weights, self.folder.n)
+        device = torch.device(edp.config.learner_devices[0])
+        cols = {k: v.to(device) for k, v in cols.items()}
+        return _prepared(cols), Handle(drawn.indices, drawn.ids, prefetched=False)
+
+    def _flushed_enough(self, batch_size: int) -> bool:
+        assert self.edp is not None and self.edp.buffer is not None
+        self.edp.flush()
+        return self.edp.buffer.size >= batch_size
+
+    def _from_pull(self, cols: dict[str, torch.Tensor], info: BatchInfo) -> tuple[PreparedBatch, Handle]:
+        handle = Handle(info.indices, info.ids, info.mode.overlap, info.staleness, max(0, info.version_lag))
+        return _prepared(cols), handle
+
+    def update_priorities(self, handle: Handle, priorities: np.ndarray) -> int:
+        assert self.edp is not None and self.edp.buffer is not None
+        return self.edp.buffer.update_priorities(handle.indices, handle.ids, priorities)
+
+    # -- persistence ------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"folder": self.folder.state(), "rows_total": self.rows_total,
+                               "episode_last_row": list(self.episode_last_row.items())}
+        if self.edp is None or self.edp.buffer is None:
+            rows = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]} if self.pending else {}
+            out.update(rows=rows, restore=self.restore, rng=self._rng.bit_generator.state)
+            return out
+        self.edp.flush()
+        buf = self.edp.buffer
+        with buf.lock:
+            ids = np.asarray(buf.ids)
+            slots = np.flatnonzero(ids >= 0)
+            slots = slots[np.argsort(ids[slots], kind="stable")]  # oldest first
+            rows = {}
+            if slots.size:
+                gathered = buf.storage.gather(torch.from_numpy(slots))
+                rows = {k: v.cpu().numpy() for k, v in gathered.items()}
+            restore = None
+            if self.prioritized:
+                restore = {"leaves": buf.sampler.tree.leaves()[slots].copy(), "max_priority": buf.sampler.max_priority}
+            out.update(rows=rows, restore=restore, rng=buf.rng.bit_generator.state)
+        return out
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.close()
+        self.edp = None
+        self.folder.load(state["folder"])
+        self.rows_total = int(state["rows_total"])
+        self.episode_last_row = OrderedDict(state["episode_last_row"])
+        self.pending = [state["rows"]] if state["rows"] else []
+        self.restore = state["restore"]
+        rng = np.random.default_rng()
+        rng.bit_generator.state = state["rng"]
+        self._rng = rng
+
+    def contents(self) -> dict[str, np.ndarray]:
+        """Stored rows, oldest first (tests, inspection)."""
+        return dict(self.state()["rows"])
+
+    def close(self) -> None:
+        if self.edp is not None:
+            self.edp.close()

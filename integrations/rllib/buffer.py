@@ -1,0 +1,412 @@
+"""RLlib's episode replay buffers, with Conduit's runtime inside.
+
+``ConduitPrioritizedEpisodeReplayBuffer`` subclasses RLlib's
+``PrioritizedEpisodeReplayBuffer`` (so DQN's ``training_step`` routes TD errors to
+its ``update_priorities``) and ``ConduitEpisodeReplayBuffer`` subclasses
+``EpisodeReplayBuffer``. Outside, RLlib's interface and data format: ``add``
+takes episode chunks, ``sample`` returns one-step ``SingleAgentEpisode``\\s with
+``weights`` and ``n_step`` in ``extra_model_outputs``, ``update_priorities``
+applies to the last sampled batch, ``get_metrics`` / ``get_state`` /
+``set_state`` / ``__len__`` as RLlib defines them. Inside, columnar storage and
+one of two stores (see :class:`~.options.Staleness`): :class:`~.exact_store.ExactStore`
+(RLlib's semantics bit for bit) or :class:`~.bounded_store.BoundedStore`
+(Conduit's runtime, prefetching delivery).
+
+Thread safety: RLlib's buffers are not thread-safe; here every public call takes
+one lock, so the buffer is the single owner of its store, and the store's own
+worker threads only touch the core runtime's (thread-safe) ring.
+
+Nothing unpicklable is created before it is needed: the constructor takes plain
+values (``replay_buffer_config`` entries), the runtime starts at the first
+``sample()``, and pickling a buffer pickles its constructor arguments and state.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+from ray.rllib.utils import force_list
+from ray.rllib.utils.replay_buffers import EpisodeReplayBuffer, PrioritizedEpisodeReplayBuffer
+
+from conduit.errors import ConfigError, SemanticsError
+
+from .bounded_store import BoundedStore, Handle
+from .buffer_report import BufferReport, ConduitBufferStats
+from .columnar import HostGatherStoragePolicy
+from .episodes import PreparedBatch, SampledEpisodes, chunk_from_episode, learner_dtype, materialize
+from .exact_store import ExactDraw, ExactStore
+from .options import BufferOptions, Staleness, parse_options
+
+__all__ = ["ConduitBufferStats", "ConduitEpisodeReplayBuffer", "ConduitPrioritizedEpisodeReplayBuffer"]
+
+STATE_VERSION = 1
+
+@dataclass
+class _Handed:
+    """A batch handed out by ``sample()`` and still waiting for its priorities."""
+
+    size: int
+    exact: tuple[np.ndarray, np.ndarray] | None = None  # (nodes, generations)
+    bounded: Handle | None = None
+
+
+class _ConduitReplay:
+    """The shared implementation, mixed in front of RLlib's buffer class."""
+
+    _prioritized: ClassVar[bool] = False
+    _MAX_HANDED = 64
+    #: seconds between two reductions of RLlib's metrics logger (0: reduce on every ``get_metrics``)
+    METRICS_INTERVAL_S: ClassVar[float] = 0.5
+
+    def __init__(
+        self,
+        capacity: int = 10000,
+        *,
+        batch_size_B: int = 16,
+        batch_length_T: int = 1,
+        alpha: float = 1.0,
+        beta: float = 0.4,
+        metrics_num_episodes_for_smoothing: int = 100,
+        conduit: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        EpisodeReplayBuffer.__init__(
+            self,  # type: ignore[arg-type]
+            capacity=capacity, batch_size_B=batch_size_B, batch_length_T=batch_length_T,
+            metrics_num_episodes_for_smoothing=metrics_num_episodes_for_smoothing,
+        )
+        if alpha < 0:
+            raise ConfigError(f"alpha: expected >= 0, got {alpha}")
+        self.options: BufferOptions = parse_options(BufferOptions, conduit, "replay_buffer_config['conduit']")
+        self._alpha = alpha
+        self._beta = beta
+        self._init_kwargs = dict(
+            capacity=capacity, batch_size_B=batch_size_B, batch_length_T=batch_length_T, alpha=alpha, beta=beta,
+            metrics_num_episodes_for_smoothing=metrics_num_episodes_for_smoothing,
+            conduit=self.options.model_dump(mode="json"),
+        )
+        self._lock = threading.RLock()
+        self._device = torch.device(self.options.learner_device)
+        self._store: ExactStore | BoundedStore
+        if self.options.staleness is Staleness.EXACT:
+            self._store = ExactStore(
+                capacity, prioritized=self._prioritized, alpha=alpha,
+                policy=HostGatherStoragePolicy(self.options.storage_device or "cpu"), seed=self.options.seed,
+            )
+        else:
+            self._store = BoundedStore(
+                capacity, prioritized=self._prioritized, alpha=alpha, beta=beta, options=self.options
+            )
+        self._handed: OrderedDict[int, _Handed] = OrderedDict()
+        self._next_batch_id = 0
+        self._spaces: tuple[Any, Any] = (None, None)
+        self._episodes_added = 0
+        self.stats = ConduitBufferStats()
+        self._report = BufferReport(self.METRICS_INTERVAL_S)
+
+    # -- RLlib's `rng` attribute (users set it for reproducibility) ------------------------
+    @property
+    def rng(self) -> np.random.Generator:
+        store = self.__dict__.get("_store")
+        return store.rng if store is not None else np.random.default_rng()
+
+    @rng.setter
+    def rng(self, value: np.random.Generator) -> None:
+        store = self.__dict__.get("_store")
+        if store is not None:  # RLlib's own constructor sets an unseeded rng before the store exists
+            store.rng = value
+
+    @property
+    def staleness(self) -> Staleness:
+        return self.options.staleness
+
+    # -- add ---------------------------------------------------------------------------
+    def add(self, episodes: SingleAgentEpisode | list[SingleAgentEpisode], weight: float | None = None) -> None:
+        chunks = [chunk_from_episode(e) for e in force_list(episodes)]
+        if not chunks:
+            return
+        with self._lock:
+            if self._spaces[0] is None:
+                self._spaces = (chunks[0].observation_space, chunks[0].action_space)
+            store = self._store
+            if isinstance(store, ExactStore):
+                steps, new_eps, ev_steps, ev_eps = store.add(chunks, weight)
+            else:
+                new_eps = sum(c.id not in store.episode_last_row for c in chunks)
+                before, overflow = store.num_episodes, max(0, store.rows_total - store.capacity)
+                steps = store.add(chunks)  # FIFO: rows past capacity overwrite the oldest
+                ev_steps = max(0, store.rows_total - store.capacity) - overflow
+                ev_eps = max(0, before + new_eps - store.num_episodes)
+            self._episodes_added += new_eps
+            self.stats.adds += 1
+            self.stats.added_timesteps += steps
+            self._report.added(steps, new_eps, ev_steps, ev_eps)
+
+    # -- sample --------------------------------------------------------------------------
+    def sample(
+        self,
+        num_items: int | None = None,
+        *,
+        batch_size_B: int | None = None,
+        batch_length_T: int | None = None,
+        n_step: int | tuple[int, int] | None = None,
+        beta: float = 0.0,
+        gamma: float = 0.99,
+        include_infos: bool = False,
+        include_extra_model_outputs: bool = False,
+        to_numpy: bool = False,
+        sample_episodes: bool = True,
+        lookback: int = 0,
+        min_batch_length_T: int = 0,
+        **kwargs: Any,
+    ) -> list[SingleAgentEpisode]:
+        """One-step episodes, as RLlib's buffer returns them (built lazily for a Conduit learner)."""
+        if num_items is not None and batch_size_B is not None:
+            raise ValueError("Cannot call `sample()` with both `num_items` and `batch_size_B` provided!")
+        size = num_items or batch_size_B or self.batch_size_B
+        self._check_sample_args(include_infos, include_extra_model_outputs, sample_episodes, batch_length_T,
+                                min_batch_length_T, beta)
+        with self._lock:
+            store = self._store
+            if isinstance(store, ExactStore):
+                draw = store.sample(size, n_step, gamma, beta)
+                batch = self._prepare_exact(draw)
+                handed = _Handed(batch.size, exact=(draw.slots, draw.gens))
+                n_mean, resamples = float(draw.n_step.mean()), draw.resamples
+                self.stats.inline_samples += 1
+            else:
+                self._check_fold(n_step, gamma)
+                batch, handle = store.sample(size, beta)
+                handed = _Handed(batch.size, bounded=handle)
+                n_mean, resamples = float(store.folder.n), 0
+                self.stats.prefetched_samples += int(handle.prefetched)
+                self.stats.inline_samples += int(not handle.prefetched)
+                self.stats.staleness_sum += handle.staleness
+                self.stats.staleness_max = max(self.stats.staleness_max, handle.staleness)
+            batch.observation_space, batch.action_space = self._spaces
+            batch.batch_id = self._hand_out(handed)
+            self.stats.samples += 1
+            self.stats.sampled_timesteps += batch.size
+            self._report.sampled(batch.size, n_mean, resamples)
+
+        def build(b: PreparedBatch) -> list[SingleAgentEpisode]:
+            self.stats.materialized_batches += 1
+            episodes = materialize(b)
+            return [e.to_numpy() for e in episodes] if to_numpy else episodes
+
+        if self.options.prepared_batches:
+            return SampledEpisodes(batch, build)
+        return build(batch)
+
+    def _check_sample_args(self, infos: bool, extra: bool, episodes: bool, length_t: int | None,
+                           min_length_t: int, beta: float) -> None:
+        if infos or extra:
+            raise NotImplementedError(
+                "include_infos / include_extra_model_outputs: the Conduit replay buffer stores observations, "
+                "actions and rewards only"
+            )
+        if beta < 0:
+            raise ValueError(f"beta: expected >= 0, got {beta}")
+        if not self._prioritized and (not episodes or length_t or min_length_t):
+            raise NotImplementedError(
+                "the Conduit EpisodeReplayBuffer samples one-step episodes (sample_episodes=True, "
+                f"batch_length_T=0, min_batch_length_T=0); got sample_episodes={episodes}, "
+                f"batch_length_T={length_t}, min_batch_length_T={min_length_t}"
+            )
+
+    def _check_fold(self, n_step: int | tuple[int, int] | None, gamma: float) -> None:
+        assert isinstance(self._store, BoundedStore)
+        folder = self._store.folder
+        if (n_step or 1) != folder.n or gamma != folder.gamma:
+            raise ConfigError(
+                f"sample(n_step={n_step}, gamma={gamma}): this bounded-mode buffer folds n-step returns at "
+                f"ingestion with n_step={folder.n}, gamma={folder.gamma}; build it with the algorithm's values "
+                "(enable_conduit does) or use staleness='exact'"
+            )
+
+    def _prepare_exact(self, draw: ExactDraw) -> PreparedBatch:
+        assert isinstance(self._store, ExactStore)
+        rows = self._store.rows.gather(draw.slots)
+        if not np.array_equal(draw.next_slots, draw.slots):
+            rows["next_obs"] = self._store.rows.gather(draw.next_slots)["next_obs"]
+        dev = self._device
+
+        def col(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=dev, dtype=learner_dtype(t.dtype))
+
+        columns = {
+            "obs": col(rows["obs"]),
+            "new_obs": col(rows["next_obs"]),
+            "actions": col(rows["actions"]),
+            "rewards": torch.from_numpy(draw.returns).to(device=dev, dtype=torch.float32),
+            "terminateds": torch.from_numpy(draw.terminated).to(dev),
+            "truncateds": torch.from_numpy(draw.truncated).to(dev),
+            "weights": torch.from_numpy(draw.weights).to(device=dev, dtype=torch.float32),
+            "n_step": torch.from_numpy(draw.n_step.astype(np.int64)).to(dev),
+        }
+        extras = {
+            "returns": draw.returns, "weights": draw.weights, "n_step": draw.n_step,
+            "terminated": draw.terminated, "truncated": draw.truncated, "t_started": draw.t_started,
+        }
+        return PreparedBatch(columns, extras)
+
+    def _hand_out(self, handed: _Handed) -> int:
+        batch_id = self._next_batch_id
+        self._next_batch_id += 1
+        self._handed[batch_id] = handed
+        while len(self._handed) > self._MAX_HANDED:
+            self._handed.popitem(last=False)
+        return batch_id
+
+    # -- priorities ------------------------------------------------------------------------
+    def update_priorities(self, priorities: Any, module_id: str | None = None, *, batch_id: int | None = None) -> int:
+        """New priorities for a sampled batch (default: the last one); returns how many landed.
+
+        Rows whose transition left the buffer since the batch was drawn are skipped.
+        """
+        if isinstance(priorities, torch.Tensor):
+            priorities = priorities.detach().cpu().numpy()
+        pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        with self._lock:
+            if not self._prioritized:
+                return 0
+            if batch_id is None:
+                batch_id = next(reversed(self._handed), None)
+            handed = self._handed.pop(batch_id, None) if batch_id is not None else None
+            if handed is None:
+                raise SemanticsError(
+                    f"update_priorities: no sampled batch {'' if batch_id is None else batch_id} awaits "
+                    "priorities; call sample() first (each batch takes one update)"
+                )
+            if len(pr) != handed.size:
+                raise ValueError(f"update_priorities: {len(pr)} priorities for a batch of {handed.size} transitions")
+            if handed.exact is not None:
+                assert isinstance(self._store, ExactStore)
+                applied = self._store.update_priorities(handed.exact[0], handed.exact[1], pr)
+            else:
+                assert isinstance(self._store, BoundedStore) and handed.bounded is not None
+                applied = self._store.update_priorities(handed.bounded, pr)
+            s = self.stats
+            s.priority_updates += 1
+            s.priority_batches_matched += 1
+            s.priority_rows_applied += applied
+            s.priority_rows_dropped += len(pr) - applied
+            return applied
+
+    # -- sizes (RLlib's accessors) ---------------------------------------------------------
+    def __len__(self) -> int:
+        return self.get_num_timesteps()
+
+    def get_num_timesteps(self, module_id: str | None = None) -> int:
+        return len(self._store)
+
+    def get_num_episodes(self, module_id: str | None = None) -> int:
+        store = self._store
+        return len(store.episodes) if isinstance(store, ExactStore) else store.num_episodes
+
+    def get_num_episodes_evicted(self, module_id: str | None = None) -> int:
+        store = self._store
+        if isinstance(store, ExactStore):
+            return store.episodes.evicted
+        return max(0, self._episodes_added - store.num_episodes)
+
+    def get_added_timesteps(self, module_id: str | None = None) -> int:
+        store = self._store
+        return store.num_added if isinstance(store, ExactStore) else store.rows_total
+
+    def get_sampled_timesteps(self, module_id: str | None = None) -> int:
+        return self.stats.sampled_timesteps
+
+    # -- metrics ------------------------------------------------------------------------------
+    def get_metrics(self) -> dict[str, Any]:
+        """RLlib's replay-buffer metrics (a smaller set, reduced at most every ``METRICS_INTERVAL_S``;
+        in between ``{}``, and the counts carry over to the next report)."""
+        with self._lock:
+            return self._report.report(
+                self.metrics, self._metrics_num_episodes_for_smoothing, self.get_num_episodes(),
+                self.get_num_timesteps(), self.stats,
+            )
+
+    def conduit_stats(self) -> dict[str, int]:
+        with self._lock:
+            return self.stats.as_dict()
+
+    # -- contents and persistence ------------------------------------------------------------
+    def contents(self) -> dict[str, np.ndarray]:
+        """Stored transitions as columns (exact: RLlib's `_indices` order; bounded: oldest first)."""
+        with self._lock:
+            store = self._store
+            if isinstance(store, BoundedStore):
+                return store.contents()
+            if len(store) == 0:
+                return {}
+            nodes = store.ix_node.view().copy()
+            rows = {k: v.cpu().numpy() for k, v in store.rows.gather(nodes).items()}
+            rows["rewards"] = store.rows.rewards[nodes].copy()
+            rows["episode"] = store.ix_eps.view().copy()
+            rows["t"] = store.ix_ts.view().copy()
+            return rows
+
+    def get_state(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "conduit_version": STATE_VERSION,
+                "staleness": self.options.staleness.value,
+                "prioritized": self._prioritized,
+                "store": self._store.state(),
+                "stats": self.stats.as_dict(),
+                "spaces": self._spaces,
+                "episodes_added": self._episodes_added,
+                "next_batch_id": self._next_batch_id,
+            }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if state.get("conduit_version") != STATE_VERSION:
+            raise ConfigError(
+                f"not a Conduit replay-buffer state (conduit_version={state.get('conduit_version')!r}, "
+                f"expected {STATE_VERSION}); RLlib's own buffer states cannot be loaded into it"
+            )
+        if state["staleness"] != self.options.staleness.value or state["prioritized"] != self._prioritized:
+            raise ConfigError(
+                f"buffer state is staleness={state['staleness']!r}, prioritized={state['prioritized']}; "
+                f"this buffer is staleness={self.options.staleness.value!r}, prioritized={self._prioritized}"
+            )
+        with self._lock:
+            self._store.load(state["store"])
+            self.stats = ConduitBufferStats(**state["stats"])
+            self._spaces = tuple(state["spaces"])  # type: ignore[assignment]
+            self._episodes_added = int(state["episodes_added"])
+            self._next_batch_id = int(state["next_batch_id"])
+            self._handed.clear()
+
+    def close(self) -> None:
+        """Stop the runtime's workers (idempotent); the algorithm calls it on ``stop()``."""
+        with self._lock:
+            self._store.close()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self._init_kwargs, self.get_state()))
+
+
+def _rebuild(cls: type[_ConduitReplay], kwargs: dict[str, Any], state: dict[str, Any]) -> _ConduitReplay:
+    buffer = cls(**kwargs)
+    buffer.set_state(state)
+    return buffer
+
+
+class ConduitEpisodeReplayBuffer(_ConduitReplay, EpisodeReplayBuffer):
+    """Uniform replay: RLlib's ``EpisodeReplayBuffer`` interface, Conduit inside."""
+
+    _prioritized = False
+
+
+class ConduitPrioritizedEpisodeReplayBuffer(_ConduitReplay, PrioritizedEpisodeReplayBuffer):
+    """Prioritized replay: RLlib's ``PrioritizedEpisodeReplayBuffer`` interface, Conduit inside."""
+
+    _prioritized = True

@@ -1,0 +1,41 @@
+"""Fixtures for the real-RLlib tests: one local Ray instance per session, tiny configs.
+
+Ray is imported inside the fixtures, so collecting this folder without the
+``rllib`` extra only skips the modules (each calls ``pytest.importorskip``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """``ray.init`` once (never a bare ``ray.init()``: it could attach to another cluster)."""
+    import ray
+
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    started = False
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        started = True
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture
+def cartpole_chunks():
+    """A function returning real CartPole episode chunks from a local SingleAgentEnvRunner."""
+    from ray.rllib.algorithms.dqn import DQNConfig
+    from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+    runner = SingleAgentEnvRunner(config=DQNConfig().environment("CartPole-v1").env_runners(num_envs_per_env_runner=2))
+
+    def sample(num_timesteps: int):
+        return runner.sample(num_timesteps=num_timesteps, random_actions=True)
+
+    yield sample
+    runner.stop()

@@ -1,7 +1,332 @@
-"""``conduit bench``: micro and synthetic benchmarks against the peers (see issue 6)."""
+"""``conduit bench``: micro and synthetic benchmarks against the peers (issue 6).
+
+- ``conduit bench micro`` — ingestion (extend by 256) and delivery (a batch of
+  512, uniform and prioritized) against TorchRL, cpprb, a numpy ring, plain
+  torch ``index_select`` and the memcpy bound, interleaved, medians and ratios.
+- ``conduit bench synthetic`` — the paper's synthetic actor/learner loop:
+  inline, Reverb-style, GEAR-style, fixed placements and Conduit's plan.
+- ``conduit bench all`` — both with their defaults: the one command behind every
+  table in BENCHMARKS.md (``--markdown`` writes them, ``--plot-dir`` the figures).
+
+``--json`` writes machine-readable results to stdout (tables go to stderr),
+``--plot out.png`` draws a figure (matplotlib, from the ``bench`` extra),
+``--trace out.json`` writes a Chrome/Perfetto timeline of a short traced run.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from conduit.bench.document import machine_line, markdown_document
+from conduit.bench.loop import SyntheticResult, SyntheticSettings, run_synthetic
+from conduit.bench.micro import ALL_PEERS, MicroResult, MicroSettings, run_micro
+from conduit.bench.peers import PEERS
+from conduit.bench.report import TableData, micro_tables
+from conduit.bench.report_loop import loop_tables
+from conduit.scheduling.space import Policy
+from conduit.synthetic import CostKind
+from conduit.trace import Tracer
 
 app = typer.Typer(help="Benchmarks of the experience path against the peers.", no_args_is_help=True)
+
+POLICIES = {"off": (Policy.OFF_POLICY,), "on": (Policy.ON_POLICY,), "both": (Policy.OFF_POLICY, Policy.ON_POLICY)}
+COSTS = {"compute": (CostKind.COMPUTE,), "sleep": (CostKind.SLEEP,), "both": (CostKind.COMPUTE, CostKind.SLEEP)}
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x.replace("_", "")) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(f"{option}: expected comma-separated integers, got {text!r}") from exc
+    if not values or any(v <= 0 for v in values):
+        raise typer.BadParameter(f"{option}: expected positive integers, got {text!r}")
+    return values
+
+
+def _choice(text: str, choices: dict[str, Any], option: str) -> Any:
+    if text not in choices:
+        raise typer.BadParameter(f"{option} must be one of {sorted(choices)}, got {text!r}")
+    return choices[text]
+
+
+def _peers(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    unknown = [n for n in names if n not in PEERS]
+    if unknown or not names:
+        raise typer.BadParameter(f"--peers: unknown {unknown}; expected a subset of {sorted(PEERS)}")
+    return names
+
+
+def _check_plot(*paths: Path | None) -> None:
+    if any(p is not None for p in paths):
+        from conduit.bench.plot import MissingExtra, require_matplotlib
+
+        try:
+            require_matplotlib()
+        except MissingExtra as exc:
+            raise typer.BadParameter(str(exc)) from exc
+
+
+@contextmanager
+def _progress(console: Console, quiet: bool, what: str) -> Iterator[Callable[[int, int, str], None]]:
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=quiet,
+    ) as bar:
+        task = bar.add_task(what, total=None)
+
+        def update(done: int, total: int, message: str) -> None:
+            bar.update(task, completed=done, total=total, description=message)
+
+        yield update
+
+
+def _render(console: Console, table: TableData) -> None:
+    t = Table(title=table.title, title_justify="left", show_lines=False)
+    for i, col in enumerate(table.columns):
+        t.add_column(col, justify="left" if i == 0 else "right", overflow="fold")
+    for row in table.rows:
+        style = "bold green" if row[0].startswith("Conduit") else ""
+        t.add_row(*[cell.replace("MISSED", "[red]MISSED[/red]") for cell in row], style=style)
+    console.print(t)
+    for note in table.notes:
+        console.print(f"[dim]{note}[/dim]")
+
+
+def _emit(console: Console, tables: list[TableData], as_json: bool) -> None:
+    if not as_json:
+        for table in tables:
+            _render(console, table)
+
+
+def _save_trace(console: Console, tracer: Tracer | None, path: Path | None) -> None:
+    if tracer is not None and path is not None:
+        tracer.save(path)
+        console.print(
+            f"[dim]trace: {path} ({len(tracer.spans)} spans; open in ui.perfetto.dev or chrome://tracing)[/dim]"
+        )
+
+
+def micro_settings(
+    dims: str,
+    capacity: int,
+    memory_gib: float,
+    repeats: int,
+    block_ms: float,
+    granularities: str,
+    overlap: bool,
+    prefetch: int,
+    peers: str,
+    threads: int,
+) -> MicroSettings:
+    return MicroSettings(
+        dims=_ints(dims, "--dims"),
+        capacity=capacity,
+        memory_gib=memory_gib,
+        repeats=repeats,
+        block_s=block_ms / 1e3,
+        granularities=_ints(granularities, "--granularities"),
+        overlap=overlap,
+        prefetch=prefetch,
+        peers=_peers(peers),
+        threads=threads or None,
+    )
+
+
+def run_micro_cli(console: Console, settings: MicroSettings, quiet: bool, trace: Path | None) -> MicroResult:
+    tracer = Tracer(enabled=True) if trace else None
+    with _progress(console, quiet, "micro-benchmark") as update:
+        result = run_micro(settings, progress=update, tracer=tracer)
+    _save_trace(console, tracer, trace)
+    return result
+
+
+@app.command("micro")
+def micro(
+    dims: str = typer.Option("128,1000,5000", help="Transition dimensions (float32 obs and next_obs)."),
+    capacity: int = typer.Option(100_000, min=1, help="Transitions per storage (lowered to fit --memory-gib)."),
+    memory_gib: float = typer.Option(6.0, min=0.01, help="Memory budget for all peers' storages of one dimension."),
+    repeats: int = typer.Option(9, min=1, help="Interleaved repeats; medians are reported."),
+    block_ms: float = typer.Option(50.0, min=0.1, help="Target length of one timed block of operations."),
+    granularities: str = typer.Option("1,2,4", help="Conduit granularities to time besides inline g=1."),
+    overlap: bool = typer.Option(True, help="Also time Conduit's overlapped schedules."),
+    prefetch: int = typer.Option(3, min=0, help="TorchRL's prefetch for its prefetching variant (0: skip)."),
+    peers: str = typer.Option(",".join(ALL_PEERS), help=f"Peers to run, a subset of {','.join(PEERS)}."),
+    threads: int = typer.Option(1, min=0, help="torch intra-op threads during the run (0: leave torch's default)."),
+    as_json: bool = typer.Option(False, "--json", help="Write machine-readable JSON to stdout."),
+    plot: Path | None = typer.Option(None, "--plot", dir_okay=False, help="Write a figure (PNG) here."),
+    trace: Path | None = typer.Option(None, "--trace", dir_okay=False, help="Write a Chrome/Perfetto trace here."),
+    markdown: Path | None = typer.Option(None, "--markdown", dir_okay=False, help="Write the tables as Markdown."),
+) -> None:
+    """Ingestion and delivery throughput of Conduit and its peers, side by side."""
+    settings = micro_settings(
+        dims, capacity, memory_gib, repeats, block_ms, granularities, overlap, prefetch, peers, threads
+    )
+    _check_plot(plot)
+    console = Console(stderr=as_json)
+    result = run_micro_cli(console, settings, as_json, trace)
+    if not as_json:
+        console.print(machine_line(result))
+    _emit(console, micro_tables(result), as_json)
+    if markdown is not None:
+        markdown.write_text(markdown_document(result, None))
+    if plot is not None:
+        from conduit.bench.plot import plot_micro
+
+        console.print(f"[dim]plot: {plot_micro(result, plot)}[/dim]")
+    if as_json:
+        _dump(result.to_json())
+
+
+def synthetic_settings(
+    dims: str,
+    batch_sizes: str,
+    policy: str,
+    cost: str,
+    rollout_ms: float,
+    update_ms: float,
+    unit_size: int,
+    capacity: int,
+    units_per_iteration: int,
+    minibatches: int,
+    iterations: int,
+    warmup: int,
+    repeats: int,
+    g_max: int,
+    threads: int,
+) -> SyntheticSettings:
+    return SyntheticSettings(
+        dims=_ints(dims, "--dims"),
+        batch_sizes=_ints(batch_sizes, "--batch-sizes"),
+        policies=_choice(policy, POLICIES, "--policy"),
+        costs=_choice(cost, COSTS, "--cost"),
+        rollout_ms=rollout_ms,
+        update_ms=update_ms,
+        unit_size=unit_size,
+        capacity=capacity,
+        units_per_iteration=units_per_iteration,
+        num_minibatches=minibatches,
+        iterations=iterations,
+        warmup=warmup,
+        repeats=repeats,
+        g_max=g_max,
+        threads=threads or None,
+    )
+
+
+def run_synthetic_cli(
+    console: Console, settings: SyntheticSettings, quiet: bool, trace: Path | None
+) -> SyntheticResult:
+    tracer = Tracer(enabled=True) if trace else None
+    with _progress(console, quiet, "synthetic loop") as update:
+        result = run_synthetic(settings, progress=update, tracer=tracer)
+    _save_trace(console, tracer, trace)
+    return result
+
+
+@app.command("synthetic")
+def synthetic(
+    dims: str = typer.Option("1000,5000,10000", help="Transition dimensions (the paper sweeps 128..20,000)."),
+    batch_sizes: str = typer.Option("512", help="Off-policy training batch sizes (the paper: 32..1,024)."),
+    policy: str = typer.Option("both", help="off (DQN-like), on (PPO-like) or both."),
+    cost: str = typer.Option(
+        "both", help="compute (update burns CPU), sleep (update releases it, like a GPU) or both."
+    ),
+    rollout_ms: float = typer.Option(2.0, min=0, help="Rollout cost per unit (ms)."),
+    update_ms: float = typer.Option(8.0, min=0, help="Update cost per training batch / mini-batch (ms)."),
+    unit_size: int = typer.Option(256, min=1, help="Transitions per rollout unit (one push)."),
+    capacity: int = typer.Option(20_000, min=1, help="Off-policy replay capacity."),
+    units_per_iteration: int = typer.Option(4, min=1, help="On-policy rollout units per iteration."),
+    minibatches: int = typer.Option(4, min=1, help="On-policy mini-batches per epoch (M)."),
+    iterations: int = typer.Option(15, min=1, help="Timed iterations per run."),
+    warmup: int = typer.Option(3, min=0, help="Untimed iterations per run."),
+    repeats: int = typer.Option(5, min=1, help="Interleaved repeats of every configuration; medians are reported."),
+    g_max: int = typer.Option(4, min=1, max=16, help="Cap on off-policy granularities."),
+    threads: int = typer.Option(1, min=0, help="torch intra-op threads of the learner (0: torch's default)."),
+    as_json: bool = typer.Option(False, "--json", help="Write machine-readable JSON to stdout."),
+    plot: Path | None = typer.Option(None, "--plot", dir_okay=False, help="Write a figure (PNG) here."),
+    trace: Path | None = typer.Option(None, "--trace", dir_okay=False, help="Write a Chrome/Perfetto trace here."),
+    markdown: Path | None = typer.Option(None, "--markdown", dir_okay=False, help="Write the tables as Markdown."),
+) -> None:
+    """The paper's synthetic stress test: every configuration through one actor/learner loop."""
+    settings = synthetic_settings(
+        dims,
+        batch_sizes,
+        policy,
+        cost,
+        rollout_ms,
+        update_ms,
+        unit_size,
+        capacity,
+        units_per_iteration,
+        minibatches,
+        iterations,
+        warmup,
+        repeats,
+        g_max,
+        threads,
+    )
+    _check_plot(plot)
+    console = Console(stderr=as_json)
+    result = run_synthetic_cli(console, settings, as_json, trace)
+    _emit(console, loop_tables(result), as_json)
+    if markdown is not None:
+        markdown.write_text(markdown_document(None, result))
+    if plot is not None:
+        from conduit.bench.plot import plot_synthetic
+
+        console.print(f"[dim]plot: {plot_synthetic(result, plot)}[/dim]")
+    if as_json:
+        _dump(result.to_json())
+
+
+@app.command("all")
+def all_(
+    markdown: Path | None = typer.Option(None, "--markdown", dir_okay=False, help="Write every table as Markdown."),
+    plot_dir: Path | None = typer.Option(
+        None, "--plot-dir", file_okay=False, help="Write bench_micro.png and bench_synthetic.png here."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Write machine-readable JSON to stdout."),
+    trace: Path | None = typer.Option(
+        None, "--trace", dir_okay=False, help="Write a Chrome/Perfetto trace of the loop here."
+    ),
+) -> None:
+    """Every benchmark with its defaults: reproduces every table in BENCHMARKS.md."""
+    _check_plot(plot_dir)
+    console = Console(stderr=as_json)
+    micro_result = run_micro_cli(console, MicroSettings(), as_json, None)
+    synthetic_result = run_synthetic_cli(console, SyntheticSettings(), as_json, trace)
+    mtables, ltables = micro_tables(micro_result), loop_tables(synthetic_result)
+    _emit(console, mtables + ltables, as_json)
+    if markdown is not None:
+        markdown.write_text(markdown_document(micro_result, synthetic_result))
+        console.print(f"[dim]markdown: {markdown}[/dim]")
+    if plot_dir is not None:
+        from conduit.bench.plot import plot_micro, plot_synthetic
+
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        plot_micro(micro_result, plot_dir / "bench_micro.png")
+        plot_synthetic(synthetic_result, plot_dir / "bench_synthetic.png")
+        console.print(f"[dim]plots: {plot_dir}/bench_micro.png, {plot_dir}/bench_synthetic.png[/dim]")
+    if as_json:
+        _dump({"micro": micro_result.to_json(), "synthetic": synthetic_result.to_json()})
+
+
+def _dump(doc: dict[str, Any]) -> None:
+    json.dump(doc, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")

@@ -1,0 +1,125 @@
+"""Tables and targets of the synthetic loop benchmark: pure functions over its results."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from conduit.bench.report import TableData, Target
+from conduit.scheduling.space import Policy
+from conduit.synthetic import CostKind
+
+if TYPE_CHECKING:
+    from conduit.bench.loop_results import ConfigResult, SyntheticResult, WorkloadResult
+
+__all__ = ["loop_tables", "loop_targets"]
+
+COST_LABEL = {
+    CostKind.COMPUTE: "update burns the CPU (torch matmuls)",
+    CostKind.SLEEP: "update releases the CPU, as a GPU learner would (sleep)",
+}
+POLICY_LABEL = {Policy.OFF_POLICY: "off-policy (DQN-like)", Policy.ON_POLICY: "on-policy (PPO-like, M mini-batches)"}
+
+
+def _ms(v: float | None) -> str:
+    return "–" if v is None else f"{v * 1e3:.2f}"
+
+
+def _scope(w: WorkloadResult) -> str:
+    wl = w.workload
+    return f"dim {wl.dim:,}, batch {wl.train_batch_size}"
+
+
+def loop_targets(result: SyntheticResult) -> list[Target]:
+    """Issue 6: the automatic plan's exposed-latency cut vs inline (>= 70% off-policy at dim >= 1,000)."""
+    out = []
+    for w in result.workloads:
+        wl = w.workload
+        auto = w.config("auto")
+        value = auto.reduction if auto is not None else None
+        if wl.policy is Policy.OFF_POLICY:
+            name = f"off-policy, {COST_LABEL[wl.cost]}: exposed-latency cut >= 70% vs inline"
+            threshold = 0.70 if wl.dim >= 1000 else None
+        else:
+            name = f"on-policy, {COST_LABEL[wl.cost]}: exposed-latency cut vs inline (paper: up to 97%)"
+            threshold = None
+        out.append(Target(6, name, _scope(w), value, threshold, False, "reduction"))
+    return out
+
+
+def _cell(c: ConfigResult | None) -> str:
+    if c is None:
+        return "–"
+    if c.unavailable:
+        return "unavailable"
+    cut = "" if c.reduction is None or c.kind == "inline" else f" ({-c.reduction:+.0%})"
+    return f"{_ms(c.t_iter)} / {_ms(c.exposed)}{cut}"
+
+
+def _spread_note(ws: list[WorkloadResult]) -> list[str]:
+    """How noisy the repeats were: max/min of each configuration's per-run median iteration time."""
+    spreads = [
+        (max(c.samples) / min(c.samples), c.name, w)
+        for w in ws
+        for c in w.configs
+        if len(c.samples) > 1 and min(c.samples) > 0
+    ]
+    if not spreads:
+        return []
+    spreads.sort(key=lambda x: x[0])
+    mid, (worst, name, w) = spreads[len(spreads) // 2][0], spreads[-1]
+    return [
+        f"T_iter spread over the {len(spreads[0][2].configs[0].samples)} repeats (max/min of the per-run medians): "
+        f"median {mid:.2f}, worst {worst:.2f} ({name}, {_scope(w)})"
+    ]
+
+
+def loop_tables(result: SyntheticResult) -> list[TableData]:
+    tables = []
+    groups: dict[tuple[Policy, CostKind], list[WorkloadResult]] = {}
+    for w in result.workloads:
+        groups.setdefault((w.workload.policy, w.workload.cost), []).append(w)
+    for (policy, cost), ws in groups.items():
+        names: list[str] = []
+        for w in ws:
+            for c in w.configs:
+                if c.name not in names:
+                    names.append(c.name)
+        rows = [
+            ["T_rollout + T_update, alone", *(f"{_ms(w.t_rollout)} + {_ms(w.t_update)}" for w in ws)],
+            *([n, *(_cell(next((c for c in w.configs if c.name == n), None)) for w in ws)] for n in names),
+            [
+                "Conduit's schedule (model's exposed ms)",
+                *(f"{w.chosen.schedule} ({_ms(w.chosen.exposed)})" for w in ws),
+            ],
+        ]
+        unavailable = {c.name: c.unavailable for w in ws for c in w.configs if c.unavailable}
+        notes = [f"{n}: {why}" for n, why in unavailable.items()]
+        notes += _spread_note(ws)
+        wl = ws[0].workload
+        title = (
+            f"{POLICY_LABEL[policy]}, {COST_LABEL[cost]} — rollout {wl.rollout_ms:g} ms/unit, update "
+            f"{wl.update_ms:g} ms/batch: T_iter / exposed ms (change in exposed vs inline)"
+        )
+        tables.append(TableData(title, ["configuration", *(_scope(w) for w in ws)], rows, notes))
+    targets = loop_targets(result)
+    placements = result.machine.get("placements")
+    notes = (
+        [
+            f"placements on this machine: {', '.join(placements)}; a fixed-placement row runs Conduit's schedule on "
+            "each placement other than the one Conduit auto uses"
+        ]
+        if placements
+        else []
+    )
+    tables.append(
+        TableData(
+            "Targets: Conduit auto vs inline, exposed experience-path latency",
+            ["issue", "criterion", "workload", "cut", "verdict"],
+            [
+                [f"#{t.issue}", t.name, t.scope, "–" if t.value is None else f"{t.value:.0%}", t.verdict]
+                for t in targets
+            ],
+            notes,
+        )
+    )
+    return tables

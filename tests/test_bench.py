@@ -1,0 +1,331 @@
+"""The benchmark machinery, on tiny sizes: result structure, ratios and targets, missing peers, CLI JSON.
+
+Nothing here asserts a timing: the numbers are whatever a tiny run measures;
+the tests check what is reported and how.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from conduit.cli.main import app
+from typer.testing import CliRunner
+
+from conduit.bench import peers as peers_mod
+from conduit.bench.loop import ConfigResult, SyntheticResult, SyntheticSettings, WorkloadResult, workloads
+from conduit.bench.micro import CaseResult, DimResult, MicroResult, MicroSettings, capacity_for, run_micro
+from conduit.bench.peers import MicroData, Missing, Op, Role, Sampling, load_peer
+from conduit.bench.peers_conduit import SharedStorage, micro_spec
+from conduit.bench.report import micro_ratios, micro_tables, micro_targets, to_markdown
+from conduit.bench.report_loop import loop_tables, loop_targets
+from conduit.bench.timing import Stat, interleaved
+from conduit.scheduling.model import Prediction
+from conduit.scheduling.space import Mode, Policy, Schedule
+from conduit.synthetic import CostKind, SyntheticWorkload
+
+TINY = MicroSettings(
+    dims=(8,),
+    capacity=1024,
+    chunk=64,
+    batch=32,
+    repeats=2,
+    block_s=1e-4,
+    granularities=(1, 2),
+    peers=("conduit", "torch", "numpy"),
+)
+
+
+class Ghost:  # a peer whose constructor fails although it imports
+    def __init__(self, data: MicroData) -> None:
+        raise RuntimeError("no accelerator for this peer")
+
+
+@pytest.fixture
+def ghost_peers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(peers_mod.PEERS, "absent", ("absentlib", "conduit_no_such_module:Peer"))
+    monkeypatch.setitem(peers_mod.PEERS, "broken", ("brokenlib", f"{__name__}:Ghost"))
+
+
+@pytest.fixture(scope="module")
+def tiny_result() -> MicroResult:
+    return run_micro(TINY)
+
+
+# -- timing -----------------------------------------------------------------------
+def test_interleaved_rotates_the_order_and_keeps_one_sample_per_repeat() -> None:
+    order: list[str] = []
+    cases = {name: (lambda n, name=name: order.append(name)) for name in "abc"}
+    stats = interleaved(cases, 1, repeats=3, warmup=0)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert all(len(s.samples) == 3 for s in stats.values())
+
+
+def test_interleaved_rejects_zero_repeats() -> None:
+    with pytest.raises(ValueError, match="repeats"):
+        interleaved({"a": lambda n: None}, 1, repeats=0)
+
+
+# -- micro ------------------------------------------------------------------------
+def test_micro_result_has_every_role_and_byte_count(tiny_result: MicroResult) -> None:
+    (d,) = tiny_result.dims
+    assert d.capacity == 1024 and d.capacity_note is None
+    bpt = 2 * 8 * 4 + 8 + 4 + 1
+    assert d.bytes_per_transition == bpt
+    for op, role in (
+        (Op.INGEST, Role.CONDUIT),
+        (Op.INGEST, Role.SLICE_COPY),
+        (Op.INGEST, Role.NUMPY),
+        (Op.DELIVER, Role.CONDUIT),
+        (Op.DELIVER, Role.CONDUIT_GATHER),
+        (Op.DELIVER, Role.INDEX_SELECT),
+        (Op.DELIVER, Role.MEMCPY),
+        (Op.DELIVER, Role.NUMPY),
+    ):
+        case = d.find(op, role)
+        assert case is not None, (op, role)
+        assert case.bytes_per_op == (64 if op is Op.INGEST else 32) * bpt
+        assert len(case.stat.samples) == TINY.repeats and case.seconds > 0
+    assert d.find(Op.DELIVER, Role.CONDUIT, Sampling.PRIORITIZED) is not None
+    variants = {c.name for c in d.cases if c.role is Role.CONDUIT_VARIANT}
+    assert "Conduit pull (overlap g=2)" in variants and "Conduit push (inline g=2)" in variants
+    assert d.best_conduit(Op.DELIVER) is not None
+
+
+def test_micro_json_carries_ratios_targets_and_missing(tiny_result: MicroResult) -> None:
+    doc = json.loads(json.dumps(tiny_result.to_json()))
+    (d,) = doc["dims"]
+    assert d["ratios"]["pull/index_select"] > 0
+    assert d["ratios"]["torchrl/pull"] is None  # not asked for: no number, no invented one
+    assert {t["issue"] for t in doc["targets"]} == {2, 6}
+    assert doc["machine"]["nproc"] >= 1 and doc["machine"]["torch"]
+
+
+def test_a_missing_peer_is_reported_with_the_reason(ghost_peers: None) -> None:
+    result = run_micro(MicroSettings(**{**TINY.__dict__, "peers": ("torch", "absent", "broken")}))
+    missing = {m.name: m for m in result.dims[0].missing}
+    assert "not installed" in missing["absent"].reason and "conduit-edp[bench]" in missing["absent"].reason
+    assert "no accelerator" in missing["broken"].reason
+    text = "".join(to_markdown(t) for t in micro_tables(result))
+    assert "missing: absent" in text and "missing: broken" in text
+
+
+def test_load_peer_rejects_unknown_names() -> None:
+    with pytest.raises(ValueError, match="unknown peer"):
+        load_peer("nope", MicroData(4, 16))
+
+
+def test_capacity_shrinks_to_the_memory_budget_and_says_so() -> None:
+    cap, note = capacity_for(5000, MicroSettings(memory_gib=1.0))
+    assert cap < 100_000 and note is not None and "1 GiB" in note
+    assert capacity_for(128, MicroSettings()) == (100_000, None)
+
+
+def test_shared_storage_hands_out_one_ring_and_rejects_another_layout() -> None:
+    shared = SharedStorage()
+    first, second = shared.create(micro_spec(4), 32), shared.create(micro_spec(4), 32)
+    assert first.ring is second.ring is shared.storage
+    with pytest.raises(ValueError):
+        shared.create(micro_spec(5), 32)
+    first.close()
+    first.close()  # idempotent: one handle, one release
+    assert shared.storage is not None  # the other runtime still reads the ring
+    second.close()
+    assert shared.storage is None
+
+
+def _case(name: str, op: Op, role: Role, seconds: float, sampling: Sampling | None = None) -> CaseResult:
+    sampling = sampling or (Sampling.UNIFORM if op is Op.DELIVER else Sampling.NONE)
+    return CaseResult(name, "x", op, role, sampling, Stat((seconds,)), 1000, 1)
+
+
+def test_ratios_and_verdicts_follow_the_issue_targets() -> None:
+    d = DimResult(
+        1000,
+        10,
+        None,
+        8013,
+        cases=[
+            _case("pull", Op.DELIVER, Role.CONDUIT, 1.0),
+            _case("gather", Op.DELIVER, Role.CONDUIT_GATHER, 0.9),
+            _case("isel", Op.DELIVER, Role.INDEX_SELECT, 0.9),
+            _case("memcpy", Op.DELIVER, Role.MEMCPY, 0.5),
+            _case("trl", Op.DELIVER, Role.TORCHRL, 3.0),
+            _case("trl pf", Op.DELIVER, Role.TORCHRL_PREFETCH, 1.5),
+            _case("cpprb", Op.DELIVER, Role.CPPRB, 1.2),
+            _case("push", Op.INGEST, Role.CONDUIT, 1.0),
+            _case("slice", Op.INGEST, Role.SLICE_COPY, 0.5),
+            _case("extend", Op.INGEST, Role.TORCHRL, 2.5),
+        ],
+    )
+    r = micro_ratios(d)
+    assert r["pull/index_select"] == pytest.approx(1 / 0.9)
+    assert r["torchrl_best/pull"] == pytest.approx(1.5)  # against TorchRL's faster variant
+    assert r["pull/memcpy"] == pytest.approx(2.0)
+    verdicts = {t.detail: t.met for t in micro_targets(MicroResult(TINY, {}, [d]))}
+    assert verdicts == {
+        "pull/index_select": True,
+        "gather_op/index_select": True,
+        "push/slice_copy": False,
+        "torchrl_best/pull": False,
+        "cpprb/pull": True,
+        "pull/memcpy": False,
+        "torchrl_extend/push": True,
+    }
+
+
+# -- synthetic ----------------------------------------------------------------------
+def test_workloads_sweep_policies_costs_dims_and_batches() -> None:
+    ws = workloads(SyntheticSettings(dims=(128, 1000), batch_sizes=(32, 512)))
+    off = [w for w in ws if w.policy is Policy.OFF_POLICY]
+    on = [w for w in ws if w.policy is Policy.ON_POLICY]
+    assert len(off) == 2 * 2 * 2 and len(on) == 2 * 2  # on-policy ignores the batch size
+    assert {w.cost for w in ws} == {CostKind.COMPUTE, CostKind.SLEEP}
+
+
+def _workload_result(policy: Policy, dim: int, inline: float, auto: float) -> WorkloadResult:
+    w = SyntheticWorkload(policy=policy, dim=dim)
+    one = Mode(False, 1)
+    sched = Schedule(one, one)
+    res = WorkloadResult(w, 0.002, 0.008, Prediction(0.0, 0.0, 0.0, 0.0, sched))
+    res.configs = [
+        ConfigResult("inline (RLlib-style)", "inline", "cpu", sched, 0.01 + inline, inline, 0.0),
+        ConfigResult("Conduit auto", "auto", "cpu", sched, 0.01 + auto, auto, 1 - auto / inline),
+        ConfigResult("GEAR-style (pinned CPU)", "gear", "pinned", sched, unavailable="needs CUDA"),
+    ]
+    return res
+
+
+def test_loop_targets_need_a_70_percent_cut_off_policy_and_report_on_policy() -> None:
+    result = SyntheticResult(
+        SyntheticSettings(),
+        {},
+        [
+            _workload_result(Policy.OFF_POLICY, 1000, 0.004, 0.001),
+            _workload_result(Policy.OFF_POLICY, 5000, 0.004, 0.002),
+            _workload_result(Policy.ON_POLICY, 1000, 0.004, 0.0001),
+        ],
+    )
+    t = loop_targets(result)
+    assert [x.met for x in t] == [True, False, None]
+    assert t[2].verdict == "reported" and t[2].value == pytest.approx(0.975)
+    text = "".join(to_markdown(tb) for tb in loop_tables(result))
+    assert "unavailable" in text and "needs CUDA" in text
+
+
+# -- CLI ----------------------------------------------------------------------------
+MICRO_ARGS = [
+    "bench",
+    "micro",
+    "--dims",
+    "8",
+    "--capacity",
+    "512",
+    "--repeats",
+    "1",
+    "--block-ms",
+    "0.1",
+    "--granularities",
+    "1",
+    "--no-overlap",
+    "--peers",
+    "torch,numpy,conduit,absent",
+    "--json",
+]
+
+
+def test_cli_micro_writes_json_to_stdout(ghost_peers: None) -> None:
+    result = CliRunner().invoke(app, MICRO_ARGS)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    (d,) = doc["dims"]
+    assert {c["library"] for c in d["cases"]} >= {"torch", "numpy", "conduit", "memcpy"}
+    assert [m["name"] for m in d["missing"]] == ["absent"]
+    assert doc["settings"]["threads"] == 1
+
+
+def test_cli_rejects_unknown_peers_and_bad_dims() -> None:
+    runner = CliRunner()
+    assert runner.invoke(app, ["bench", "micro", "--peers", "reverb"]).exit_code != 0
+    assert runner.invoke(app, ["bench", "micro", "--dims", "a,b"]).exit_code != 0
+    assert runner.invoke(app, ["bench", "synthetic", "--policy", "sideways"]).exit_code != 0
+
+
+def test_plot_without_matplotlib_fails_clearly(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from conduit.bench.plot import MissingExtra, require_matplotlib
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(MissingExtra, match=r"conduit-edp\[bench\]"):
+        require_matplotlib()
+    result = CliRunner().invoke(app, ["bench", "micro", "--plot", str(tmp_path / "x.png")])
+    assert result.exit_code != 0 and "matplotlib" in result.output
+
+
+def test_plot_writes_a_png(tiny_result: MicroResult, tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    from conduit.bench.plot import plot_micro
+
+    path = plot_micro(tiny_result, tmp_path / "micro.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_synthetic_json_on_a_tiny_loop() -> None:
+    args = [
+        "bench",
+        "synthetic",
+        "--dims",
+        "16",
+        "--batch-sizes",
+        "32",
+        "--unit-size",
+        "32",
+        "--capacity",
+        "512",
+        "--policy",
+        "off",
+        "--cost",
+        "sleep",
+        "--rollout-ms",
+        "0.2",
+        "--update-ms",
+        "0.5",
+        "--iterations",
+        "2",
+        "--warmup",
+        "1",
+        "--repeats",
+        "1",
+        "--g-max",
+        "2",
+        "--json",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    (w,) = doc["workloads"]
+    kinds = {c["kind"]: c for c in w["configs"]}
+    assert {"inline", "reverb", "gear", "overlap", "auto"} <= set(kinds)
+    assert kinds["inline"]["reduction_vs_inline"] == pytest.approx(0.0)
+    assert kinds["auto"]["t_iter_s"] > 0 and kinds["auto"]["schedule"] is not None
+    assert (kinds["gear"]["unavailable"] is None) == doc["machine"]["cuda"]
+    assert doc["targets"] and doc["targets"][0]["issue"] == 6
+
+
+def test_markdown_document_has_both_sections(tiny_result: MicroResult) -> None:
+    from conduit.bench.document import markdown_document
+
+    synthetic = SyntheticResult(
+        SyntheticSettings(),
+        {"placements": ["cpu"]},
+        [
+            _workload_result(Policy.OFF_POLICY, 1000, 0.004, 0.001),
+        ],
+    )
+    text = markdown_document(tiny_result, synthetic)
+    assert text.index("## Micro-benchmarks") < text.index("## Synthetic loop")
+    assert "Machine: " in text and "| Conduit pull (inline g=1) |" in text and "placements on this machine: cpu" in text
+
+
+def test_missing_is_json_friendly() -> None:
+    assert Missing("a", "b", "c").to_json() == {"name": "a", "library": "b", "reason": "c"}

@@ -99,11 +99,13 @@ class ReplayBuffer:
         self.remover = remover or FifoRemover()
         self.max_times_sampled = max_times_sampled
         self._ring = isinstance(self.remover, FifoRemover) and max_times_sampled is None
+        self._sampler_tracks_inserts = type(sampler).on_insert is not Sampler.on_insert
         self._specs = _SpecHolder(spec, growable)
         self.storage: Storage | None = None
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.rng = np.random.default_rng(seed)
+        self.sampler.seed(int(self.rng.integers(2**62)))
         self.table = SlotTable(capacity)
         self.inserted = 0  # rows ever written == next transition id == buffer version
         self.evicted_by_sampling = 0
@@ -136,10 +138,14 @@ class ReplayBuffer:
                 raise SpecError(f"a write of {n} rows exceeds the buffer capacity of {self.capacity} rows")
         return checked
 
-    def write(self, parts: Sequence[Data]) -> tuple[int, int]:
-        """Store parts in order; returns (first transition id, rows written)."""
+    def write(self, parts: Sequence[Data], *, validated: bool = False) -> tuple[int, int]:
+        """Store parts in order; returns (first transition id, rows written).
+
+        ``validated``: the parts came out of :meth:`validate` already (the
+        ingestion path checks identity-hook pushes before queuing them).
+        """
         with self.lock:
-            checked = self.validate(parts)
+            checked = list(parts) if validated and self._specs.spec is not None else self.validate(parts)
             if self.storage is None:
                 self._allocate(checked[0])
             first = self.inserted
@@ -150,14 +156,15 @@ class ReplayBuffer:
                 n = batch_size_of(tensors)
                 table = self.table
                 if self._ring:
-                    slots = table.ring_slots(n)
+                    slots = table.ring_slots(n) if self._sampler_tracks_inserts else None
                     self.storage.write(table.pos, tensors)
-                    table.pos = (table.pos + n) % self.capacity
+                    table.occupy_ring(n, self.inserted)
                 else:
                     slots = table.allocate(n, self.remover, self.sampler.priorities(), self.rng)
                     self.storage.write_slots(slots, tensors)
-                table.occupy(slots, self.inserted)
-                self.sampler.on_insert(slots)
+                    table.occupy(slots, self.inserted)
+                if slots is not None:
+                    self.sampler.on_insert(slots)
                 self.inserted += n
             self._order.after_write()
             self.changed.notify_all()
@@ -198,15 +205,18 @@ class ReplayBuffer:
     def ready(self, min_rows: int) -> bool:
         return self.table.count >= min_rows
 
-    def sample(self, n: int, device: torch.device | None = None) -> Sampled:
-        """Draw ``n`` rows and gather them atomically."""
+    def sample(
+        self, n: int, device: torch.device | None = None, out: Mapping[str, torch.Tensor] | None = None
+    ) -> Sampled:
+        """Draw ``n`` rows and gather them atomically (into ``out`` when given: recycled batch memory)."""
         with self.lock:
             if self.storage is None or self.table.count == 0:
                 raise SemanticsError("cannot sample from an empty buffer")
             draw = self.sampler.sample(n, self.table, self.rng)
             assert self._order is not None
             self._order.before_read()
-            data = self.storage.gather(torch.from_numpy(draw.indices), device)
+            idx = draw.tensor if draw.tensor is not None else torch.from_numpy(draw.indices)
+            data = self.storage.gather(idx, device) if out is None else self.storage.gather(idx, device, out)
             self._order.after_read()
             return Sampled(data, draw.indices, self.table.ids[draw.indices], draw.weights, self.inserted)
 
@@ -216,12 +226,12 @@ class ReplayBuffer:
         Called when a learner receives the batch, never when it is merely
         prefetched. Returns how many rows were evicted.
         """
+        if self.max_times_sampled is None:
+            return 0  # per-row counts only matter for eviction; the rate limiter counts totals
         with self.lock:
             live = self.table.ids[indices] == ids
             slots = indices[live]
             np.add.at(self.table.times_sampled, slots, 1)
-            if self.max_times_sampled is None:
-                return 0
             spent = slots[self.table.times_sampled[slots] >= self.max_times_sampled]
             if not spent.size:
                 return 0

@@ -87,6 +87,7 @@ class DeliveryPath(ABC):
         self._invoke_locks = [threading.Lock() for _ in self.devices]
         self.stats = DeliveryStats()
         self.streams = [StreamSet(d) for d in self.devices]
+        self._hookless = hook is None
         ops = [FnOperator("select_gather", OperatorKind.PROCESSING, self._select_gather)]
         if hook is not None:
             ops.append(HookOperator("hook", hook, EXPERIENCE_BUFFER, LEARNER))
@@ -221,6 +222,10 @@ class DeliveryPath(ABC):
             raise ValueError(f"learner={learner}: expected a rank in [0, {self.num_learners})")
         timeout = self.timeout if timeout is None else timeout
         if not self.mode.overlap:
+            direct = self._pull_direct(learner)
+            if direct is not None:
+                self.stats.pull_s += time.perf_counter() - t0
+                return direct
             item, index = self._pull_inline(learner, timeout)
         else:
             with self.cond:
@@ -240,6 +245,10 @@ class DeliveryPath(ABC):
         self._on_pulled(learner, info)
         self.stats.pull_s += time.perf_counter() - t0
         return Batch(item.data, info)
+
+    def _pull_direct(self, learner: int) -> Batch | None:
+        """The inline fast path, or None to take the general one (see :meth:`ReplayDelivery._pull_direct`)."""
+        return None
 
     def _pop(self, learner: int) -> tuple[_Staged, int]:
         """Take the next staged batch (caller holds cond)."""
@@ -317,11 +326,14 @@ class ReplayDelivery(DeliveryPath):
         limiter: RateLimiter,
         block: bool = True,
         on_sampled: Callable[[], None] | None = None,
+        batch_pool: int = 0,
         **kw: object,
     ) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
         self.buffer = buffer
         self.batch_size = batch_size
+        self.batch_pool = batch_pool
+        self._pools: list[deque[dict[str, torch.Tensor]]] = [deque() for _ in self.devices]
         self.limiter = limiter
         self.block = block
         self._on_sampled = on_sampled
@@ -334,6 +346,50 @@ class ReplayDelivery(DeliveryPath):
     def _can_produce(self, learner: int) -> bool:
         rows = int(self.mode.granularity) * self.batch_size
         return self.limiter.can_sample(rows, self.buffer.size)
+
+    def _pull_direct(self, learner: int) -> Batch | None:
+        """Inline, no hook, g = 1, rows already on the learner's device, nobody tracing: sample and hand over.
+
+        The same operators as the graph (select+gather; to_learner and split are
+        no-ops here) without building a packet, so a pull costs little more than
+        the gather itself. Anything else — waiting, staged leftovers, a hook, a
+        transfer — takes the general path.
+        """
+        storage = self.buffer.storage
+        if (
+            not self._hookless
+            or self.mode.granularity != 1
+            or self.graph.tracer.enabled
+            or storage is None
+            or storage.devices[0] != self.devices[learner]
+            or len(storage.devices) != 1
+        ):
+            return None
+        with self._invoke_locks[learner]:
+            with self.cond:
+                if self.staged[learner] or not self._can_produce(learner):
+                    return None
+                index = self.pulls[learner]
+                self.pulls[learner] += 1
+                invocation = self._invocation
+                self._invocation += 1
+                self.stats.pulls += 1
+                self.stats.invocations += 1
+                self.stats.delivered_rows += self.batch_size
+            t0 = time.perf_counter()
+            try:
+                s = self.buffer.sample(self.batch_size, out=self._recycled(learner, self.batch_size))
+            except Exception as exc:
+                fail(self.failure, "delivery operator", exc)
+            self.graph.timings.append((time.perf_counter() - t0, 1.0))
+            self.graph.invocations += 1
+        self.limiter.reserve(self.batch_size)
+        info = BatchInfo(
+            learner, index, index, s.version, invocation, None, None, None, False, s.indices, s.ids, s.weights,
+            self.mode, self.buffer.inserted,
+        )
+        self._on_pulled(learner, info)
+        return Batch(s.data, info)
 
     def _refuse(self, learner: int) -> None:
         if not self.block and self.buffer.ready(self.min_rows):
@@ -375,8 +431,30 @@ class ReplayDelivery(DeliveryPath):
             },
         )
 
+    def _recycled(self, learner: int, rows: int) -> dict[str, torch.Tensor] | None:
+        """The oldest of this learner's recycled batch buffers (``batch_pool`` of them, plus room for staging).
+
+        A batch handed out with recycled memory stays valid for ``batch_pool - 1``
+        further pulls; then its memory receives a new batch. Off by default.
+        """
+        spec = self.buffer.spec
+        if not self.batch_pool or spec is None:
+            return None
+        ring = self._pools[learner]
+        depth = self.batch_pool + (int(self.mode.granularity) if self.mode.overlap else 0)
+        if len(ring) >= depth:
+            out = ring.popleft()
+            first = next(iter(out.values()))
+            f = next(iter(spec))
+            if first.shape[0] == rows and tuple(first.shape[1:]) == f.shape and len(out) == len(spec):
+                ring.append(out)
+                return out
+        out = {f.name: torch.empty((rows, *f.shape), dtype=f.dtype, device=self.devices[learner]) for f in spec}
+        ring.append(out)
+        return out
+
     def _select_gather(self, packet: Packet) -> Packet:
-        sampled = self.buffer.sample(packet.meta["rows"])
+        sampled = self.buffer.sample(packet.meta["rows"], out=self._recycled(packet.meta["learner"], packet.meta["rows"]))
         packet.parts = [sampled.data]
         packet.meta.update(
             indices=sampled.indices, ids=sampled.ids, weights=sampled.weights, version=sampled.version

@@ -96,6 +96,7 @@ class IngestionPath:
         self._identity = hook is None
         self._paused = False
         self._busy = False
+        self._group, self._group_for = 1, None
         self.streams = StreamSet(stream_device)
         # on-policy push-side iteration accounting
         self._push_iter = 0
@@ -117,14 +118,17 @@ class IngestionPath:
     # -- granularity ----------------------------------------------------------
     @property
     def group_units(self) -> int:
-        """Units (or pieces) one invocation takes."""
-        g = self.mode.granularity
-        return int(g) if g >= 1 else 1
+        """Units (or pieces) one invocation takes (cached: Fraction arithmetic is slow on the hot path)."""
+        if self._group_for is not self.mode:
+            g = self.mode.granularity
+            self._group = int(g) if g >= 1 else 1
+            self._group_for = self.mode
+        return self._group
 
     def _split(self, tensors: dict[str, torch.Tensor], rows: int) -> list[_Piece]:
-        g = self.mode.granularity
-        if g >= 1:
+        if not self.mode.overlap or self.group_units > 1 or self.mode.granularity == 1:
             return [_Piece(tensors, rows, True)]
+        g = self.mode.granularity
         step = max(1, math.ceil(rows * g))
         chunks = {k: torch.split(v, step) for k, v in tensors.items()}
         count = len(next(iter(chunks.values())))
@@ -292,7 +296,7 @@ class IngestionPath:
             _, n = self.buffer.write(packet.meta["iteration"], packet.parts)
         else:
             assert isinstance(self.buffer, ReplayBuffer)
-            _, n = self.buffer.write(packet.parts)
+            _, n = self.buffer.write(packet.parts, validated=self._identity)
         with self.cond:
             self.stats.ingested_rows += n
         return packet

@@ -55,6 +55,20 @@ class SlotTable:
         """The FIFO ring's next ``n`` slots from ``pos`` (evicting the oldest once full)."""
         return (self.pos + np.arange(n, dtype=np.int64)) % self.capacity
 
+    def occupy_ring(self, n: int, first_id: int) -> None:
+        """The ring fast path of :meth:`occupy`: ``n`` rows from ``pos`` (wrapping), no holes ever."""
+        start, cap = self.pos, self.capacity
+        first = min(n, cap - start)
+        ids = np.arange(first_id, first_id + n, dtype=np.int64)
+        self.ids[start : start + first] = ids[:first]
+        self.ids[: n - first] = ids[first:]
+        self.valid[start : start + first] = True
+        self.valid[: n - first] = True
+        self.count = min(cap, self.count + n)
+        self.high = max(self.high, min(cap, start + n))
+        self.pos = (start + n) % cap
+        self._dense = None
+
     def allocate(self, n: int, remover: Remover, priorities: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
         """``n`` slots for new rows: free slots first, then what the remover evicts."""
         free = np.flatnonzero(~self.valid)[:n].astype(np.int64)

@@ -148,6 +148,10 @@ class ExperienceSpec:
         return sum(f.bytes_per_sample for f in self.fields.values())
 
     @property
+    def has_growable(self) -> bool:
+        return any(f.growable for f in self.fields.values())
+
+    @property
     def names(self) -> tuple[str, ...]:
         return tuple(self.fields)
 
@@ -181,6 +185,9 @@ class ExperienceSpec:
         """
         if not isinstance(data, Mapping):
             raise SpecError(f"a write must be a mapping of field -> tensor, got {type(data).__name__}")
+        fast = self._fast_path(data, device)
+        if fast is not None:
+            return fast
         missing = [k for k in self.fields if k not in data]
         extra = [k for k in data if k not in self.fields]
         if missing or extra:
@@ -224,8 +231,42 @@ class ExperienceSpec:
             out[name] = t
         return out
 
+    def _fast_path(self, data: Mapping[str, Any], device: torch.device | None) -> dict[str, torch.Tensor] | None:
+        """The common case in one pass: host/GPU tensors of exactly the declared shapes and dtypes.
+
+        Returns None to fall back to the full check (which produces the error messages).
+        """
+        if len(data) != len(self.fields) or device is not None:
+            return None
+        n = -1
+        out: dict[str, torch.Tensor] = {}
+        for name, f in self.fields.items():
+            t = data.get(name)
+            if (
+                type(t) is not torch.Tensor
+                or t.dtype != f.dtype
+                or t.dim() != len(f.shape) + 1
+                or t.shape[1:] != f.shape
+                or f.finite
+                or f.contiguous
+            ):
+                return None
+            rows = t.shape[0]
+            if rows != n and n != -1:
+                return None
+            n = rows
+            out[name] = t
+        if n <= 0:
+            return None
+        for t in out.values():
+            if t.device.type not in ("cpu", "cuda"):
+                return None
+        return out
+
     def grown_by(self, tensors: Mapping[str, torch.Tensor]) -> ExperienceSpec | None:
         """The spec after growable fields take the elementwise max shape, or None if unchanged."""
+        if not self.has_growable:
+            return None
         changed: dict[str, FieldSpec] = {}
         for name, f in self.fields.items():
             trailing = tuple(tensors[name].shape[1:])

@@ -18,6 +18,7 @@ from conduit import (
     Schedule,
     WorkerDied,
 )
+from conduit.storage import TensorStorage
 from tests.helpers import transitions
 
 BOTH = [False, True]
@@ -62,13 +63,11 @@ def test_a_raising_hook_is_a_hook_failure_with_its_traceback(overlap):
 @pytest.mark.parametrize("overlap", BOTH)
 def test_a_device_error_on_the_transfer_path_is_a_device_failure(overlap, monkeypatch):
     edp = runtime(overlap)
-    edp.start()
 
-    def cuda_error(packet):
+    def cuda_error(self, indices, device=None):  # where a device fault surfaces: the gather/copy kernels
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    op = next(o for o in edp.delivery.graph.operators if o.name == "to_learner")
-    monkeypatch.setattr(op, "_fn", cuda_error)
+    monkeypatch.setattr(TensorStorage, "gather", cuda_error)
     with edp:
         err = surfaces_within(1.0, lambda: (edp.push(transitions(16)), edp.pull()), DeviceFailed)
         assert "illegal memory access" in str(err)

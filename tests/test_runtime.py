@@ -287,3 +287,23 @@ def test_close_without_drain_drops_pending_units():
     edp.push(transitions(4))
     edp.close(drain=False)
     assert edp.stats().ingested_rows == 0
+
+
+@pytest.mark.parametrize("dlv", [Mode(False, 1), Mode(False, 2), Mode(True, 1), Mode(True, 3)], ids=str)
+def test_batch_pool_recycles_memory_yet_each_batch_holds_its_rows_until_reused(dlv):
+    with off_runtime(Mode(False, 1), dlv, batch_pool=2) as edp:
+        edp.push(transitions(200))
+        prev, ptrs = None, set()
+        for _ in range(12):
+            cur = edp.pull()
+            assert torch.equal(cur["tid"], torch.from_numpy(cur.info.ids))
+            if prev is not None:  # still valid one pull later (batch_pool - 1 = 1)
+                assert torch.equal(prev["tid"], torch.from_numpy(prev.info.ids))
+            ptrs.add(cur["obs"].untyped_storage().data_ptr())
+            prev = cur
+        assert len(ptrs) < 12  # memory was recycled
+
+
+def test_batch_pool_is_validated():
+    with pytest.raises(ValueError, match="batch_pool=1"):
+        conduit.ConduitConfig(policy="off_policy", train_batch_size=2, capacity=8, batch_pool=1)

@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+import torch
 
 if TYPE_CHECKING:
     from conduit.slots import SlotTable
@@ -23,6 +24,7 @@ class Draw(NamedTuple):
 
     indices: np.ndarray  # int64
     weights: np.ndarray | None = None  # float32, same length
+    tensor: torch.Tensor | None = None  # the same indices as a tensor, when the sampler drew one
 
 
 class Sampler(ABC):
@@ -32,6 +34,11 @@ class Sampler(ABC):
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
+        #: torch's generator for samplers that draw index tensors directly (faster to gather with)
+        self.generator = torch.Generator()
+
+    def seed(self, seed: int) -> None:
+        self.generator.manual_seed(seed)
 
     @abstractmethod
     def sample(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
@@ -51,10 +58,11 @@ class Sampler(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no priorities to update")
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        return {"generator": self.generator.get_state().numpy().copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state
+        if "generator" in state:
+            self.generator.set_state(torch.from_numpy(np.asarray(state["generator"], dtype=np.uint8).copy()))
 
 
 def _require(table: SlotTable) -> None:

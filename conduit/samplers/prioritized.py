@@ -68,8 +68,9 @@ class PrioritizedSampler(Sampler):
         self.tree.update(slots, pr**self.alpha)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"leaves": self.tree.state(), "max_priority": self.max_priority}
+        return {**super().state_dict(), "leaves": self.tree.state(), "max_priority": self.max_priority}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
         self.tree.load(state["leaves"])
         self.max_priority = float(state["max_priority"])

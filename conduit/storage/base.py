@@ -55,11 +55,15 @@ class Storage(ABC):
             self.write(int(slots[a]), {k: v[a:b] for k, v in data.items()})
 
     @abstractmethod
-    def gather(self, indices: torch.Tensor, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    def gather(
+        self, indices: torch.Tensor, device: torch.device | None = None, out: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
         """Rows ``indices`` (int64, host) of every field, as new tensors on ``device``.
 
         ``device=None`` returns them where they live (a single-device storage)
-        or on the first device (a sharded one).
+        or on the first device (a sharded one). ``out`` offers preallocated
+        tensors of the right shapes to gather into (recycled batch memory); a
+        storage may ignore it and allocate.
         """
 
     @abstractmethod

@@ -217,9 +217,11 @@ class ShardedStorage(Storage):
         for at, seg in self.layout.pieces(start, n):
             self.shards[seg.shard].write(seg.offset, {k: v[at : at + seg.length] for k, v in data.items()})
 
-    def gather(self, indices: torch.Tensor, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    def gather(
+        self, indices: torch.Tensor, device: torch.device | None = None, out: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
         if self._single:
-            return self.shards[0].gather(indices, device)
+            return self.shards[0].gather(indices, device, out)
         target = device if device is not None else self._devices[0]
         local, counts, inverse = self.layout.group(indices)
         n = local.shape[0]

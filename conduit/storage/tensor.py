@@ -100,10 +100,14 @@ class TensorStorage(Storage):
         start %= self.rows
         first = min(n, self.rows - start)
         non_blocking = self.device.type == "cuda"
+        serial = in_worker() and self.device.type == "cpu"
         for name, dst in self.tensors.items():
             src = data[name]
             if src.shape[1:] != dst.shape[1:]:
                 src = _pad_to(src, dst.shape[1:])
+            if not serial and first == n:  # the common case: one slice copy
+                dst[start : start + n].copy_(src, non_blocking=non_blocking)
+                continue
             copy_into(dst[start : start + first], src[:first], non_blocking)
             if first < n:
                 copy_into(dst[: n - first], src[first:], non_blocking)
@@ -119,8 +123,12 @@ class TensorStorage(Storage):
             for i in range(0, idx.shape[0], step):
                 dst.index_copy_(0, idx[i : i + step], src[i : i + step])
 
-    def gather(self, indices: torch.Tensor, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    def gather(
+        self, indices: torch.Tensor, device: torch.device | None = None, out: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
         idx = indices if indices.device == self.device else indices.to(self.device)
+        if out is not None and (device is None or device == self.device):
+            return {name: gather_into(t, idx, out[name]) for name, t in self.tensors.items()}
         if device is not None and device.type == "cuda" and self.device.type == "cpu":
             # host rows bound for a GPU: gather into pinned memory so the copy is a real async DMA
             # (the caching host allocator keeps the block until the copy's stream is done with it)

@@ -41,7 +41,7 @@ def test_a_million_transitions_from_eight_actors_to_two_learners():
         try:
             for k in range(TOTAL // ACTORS // UNIT):
                 edp.push(unit(a, k))
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append(e)
 
     def learner(rank: int) -> None:
@@ -56,7 +56,7 @@ def test_a_million_transitions_from_eight_actors_to_two_learners():
                 assert int(b.info.ids.max()) < b.info.buffer_version  # rows that existed when sampled
                 assert b.info.staleness < 2  # g_del = 2
                 pulled[rank] += 1
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             errors.append(e)
 
     def monitor() -> None:

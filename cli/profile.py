@@ -38,7 +38,8 @@ def _ms(seconds: float) -> str:
 
 
 def machine_info() -> dict[str, Any]:
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    cuda = torch.cuda.is_available()
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -75,7 +76,9 @@ def profile(
     epochs: int = typer.Option(1, min=1, help="On-policy epochs per iteration."),
     rollout_ms: float = typer.Option(2.0, min=0, help="Rollout cost per unit (ms)."),
     update_ms: float = typer.Option(8.0, min=0, help="Update cost per training batch / mini-batch (ms)."),
-    cost: CostKind = typer.Option(CostKind.COMPUTE, help="compute: burn CPU; sleep: release it, as a GPU learner would."),
+    cost: CostKind = typer.Option(
+        CostKind.COMPUTE, help="compute: burn CPU; sleep: release it, as a GPU learner would."
+    ),
     g_max: int = typer.Option(4, min=1, max=16, help="Cap on off-policy granularities."),
     config: Path | None = typer.Option(None, exists=True, dir_okay=False, help="JSON/YAML file with these fields."),
     check: bool = typer.Option(True, help="Measure the chosen plan against the inline baseline."),
@@ -200,10 +203,13 @@ def _print_profile(console, label, w, costs, ranked, chosen, baseline, measured)
     for p in shown:
         style = "bold green" if p.schedule == chosen.schedule else ("yellow" if p.schedule == baseline.schedule else "")
         idx = next(i for i, q in enumerate(ranked) if q.schedule == p.schedule) + 1
-        r.add_row(str(idx), str(p.schedule.ingestion), str(p.schedule.delivery), _ms(p.t_iter), _ms(p.exposed), style=style)
+        r.add_row(
+            str(idx), str(p.schedule.ingestion), str(p.schedule.delivery), _ms(p.t_iter), _ms(p.exposed), style=style
+        )
     console.print(r)
     console.print(
-        f"[bold green]Plan:[/bold green] placement [bold]cpu[/bold]; ingestion [bold]{chosen.schedule.ingestion}[/bold], "
+        "[bold green]Plan:[/bold green] placement [bold]cpu[/bold]; "
+        f"ingestion [bold]{chosen.schedule.ingestion}[/bold], "
         f"delivery [bold]{chosen.schedule.delivery}[/bold]; predicted exposed {_ms(chosen.exposed)} ms "
         f"vs inline {_ms(baseline.exposed)} ms"
     )
@@ -220,7 +226,9 @@ def _validate(console: Console, fields: dict[str, Any], dims: list[int], g_max: 
     from conduit.scheduling.validate import validate
 
     workloads = [SyntheticWorkload(policy=Policy.OFF_POLICY, **{**fields, "dim": d}) for d in dims]
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console, transient=True, disable=quiet) as bar:
+    columns = (SpinnerColumn(), TextColumn("{task.description}"))
+    progress = Progress(*columns, console=console, transient=True, disable=quiet)
+    with progress as bar:
         task = bar.add_task("validating")
         rep = validate(workloads, g_max=g_max, progress=lambda m: bar.update(task, description=m))
     rows = []
@@ -234,7 +242,8 @@ def _validate(console: Console, fields: dict[str, Any], dims: list[int], g_max: 
     doc = {"pearson_r": rep.pearson_r, "mape_pct": rep.mape, "dimensions": rows}
     if not quiet:
         t = Table(title=f"Cost model vs measurement: Pearson r = {rep.pearson_r:.3f}, MAPE = {rep.mape:.1f}%")
-        for col in ("dim", "configs", "best measured ms", "auto measured ms", "auto/best", "top-8 order", "top-8 overlap"):
+        cols = ("dim", "configs", "best measured ms", "auto measured ms", "auto/best", "top-8 order", "top-8 overlap")
+        for col in cols:
             t.add_column(col, justify="right")
         for row in rows:
             t.add_row(

@@ -220,6 +220,33 @@ class ReplayBuffer:
             self._order.after_read()
             return Sampled(data, draw.indices, self.table.ids[draw.indices], draw.weights, self.inserted)
 
+    def sample_split(
+        self, sizes: Sequence[int], device: torch.device | None = None,
+        outs: Sequence[Mapping[str, torch.Tensor] | None] | None = None,
+    ) -> tuple[list[dict[str, torch.Tensor]], Sampled]:
+        """One draw of ``sum(sizes)`` rows, gathered batch by batch (one lock).
+
+        Equivalent to :meth:`sample` then splitting, without one allocation of
+        ``g`` batches: above glibc's 32 MiB mmap ceiling every such allocation
+        page-faults afresh (measured: 2x slower gathers at dim 5,000, g = 2).
+        """
+        with self.lock:
+            if self.storage is None or self.table.count == 0:
+                raise SemanticsError("cannot sample from an empty buffer")
+            draw = self.sampler.sample(sum(sizes), self.table, self.rng)
+            assert self._order is not None
+            self._order.before_read()
+            idx = draw.tensor if draw.tensor is not None else torch.from_numpy(draw.indices)
+            parts, start = [], 0
+            for i, n in enumerate(sizes):
+                out = outs[i] if outs is not None else None
+                sl = idx[start : start + n]
+                parts.append(self.storage.gather(sl, device) if out is None else self.storage.gather(sl, device, out))
+                start += n
+            self._order.after_read()
+            whole = Sampled({}, draw.indices, self.table.ids[draw.indices], draw.weights, self.inserted)
+            return parts, whole
+
     def delivered(self, indices: np.ndarray, ids: np.ndarray) -> int:
         """Count a delivered batch's rows as sampled; evict rows reaching ``max_times_sampled``.
 

@@ -254,7 +254,9 @@ def _verify(path: Path) -> dict[str, Any]:
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{path}: expected format {FORMAT!r}, found {manifest.get('format')!r} (foreign)")
     if manifest.get("version") != VERSION:
-        raise CheckpointError(f"{path}: checkpoint version {manifest.get('version')} is not supported (expected {VERSION})")
+        raise CheckpointError(
+            f"{path}: checkpoint version {manifest.get('version')} is not supported (expected {VERSION})"
+        )
     for name, meta in manifest.get("files", {}).items():
         f = path / name
         if not f.exists():

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from conduit.batch import Batch, BatchInfo
@@ -133,6 +132,9 @@ class DeliveryPath(ABC):
     def _on_pulled(self, learner: int, info: BatchInfo) -> None:
         """Called outside cond after a batch was handed to ``learner``."""
 
+    def _abandon(self, packet: Packet) -> None:
+        """An invocation failed: give back what :meth:`_begin` claimed."""
+
     def _refuse(self, learner: int) -> None:
         """Raise instead of waiting when waiting is not wanted (non-blocking rate limits)."""
 
@@ -149,7 +151,7 @@ class DeliveryPath(ABC):
         if all(v.device == device for part in packet.parts for v in part.values()):
             return packet
         packet.parts = [
-            {k: (v if v.device == device else v.to(device, non_blocking=device.type == "cuda")) for k, v in part.items()}
+            {k: v if v.device == device else v.to(device, non_blocking=device.type == "cuda") for k, v in part.items()}
             for part in packet.parts
         ]
         return packet
@@ -181,6 +183,7 @@ class DeliveryPath(ABC):
         try:
             packet = self.graph.run(packet, granularity)
         except Exception as exc:
+            self._abandon(packet)
             fail(self.failure, "delivery operator", exc)
         infos = self._infos(packet)
         event = self.streams[learner].record() if in_worker() else None  # inline: the caller's own stream
@@ -402,6 +405,9 @@ class ReplayDelivery(DeliveryPath):
         if self._on_sampled is not None and self.limiter.samples_per_insert is not None:
             self._on_sampled()  # actors may be waiting for learners to sample
 
+    def _abandon(self, packet: Packet) -> None:
+        self.limiter.release(packet.meta["rows"])
+
     def release_reservations(self) -> None:
         """Staged batches that will never be delivered do not count as sampled."""
         with self.cond:
@@ -441,7 +447,10 @@ class ReplayDelivery(DeliveryPath):
         if not self.batch_pool or spec is None:
             return None
         ring = self._pools[learner]
-        depth = self.batch_pool + (int(self.mode.granularity) if self.mode.overlap else 0)
+        # one buffer per batch: the learner's last ``batch_pool`` batches, plus the
+        # invocation's other g - 1 staged ones, plus one prefetched invocation ahead
+        g = int(self.mode.granularity)
+        depth = self.batch_pool + g - 1 + (1 if self.mode.overlap else 0)
         if len(ring) >= depth:
             out = ring.popleft()
             first = next(iter(out.values()))
@@ -454,8 +463,13 @@ class ReplayDelivery(DeliveryPath):
         return out
 
     def _select_gather(self, packet: Packet) -> Packet:
-        sampled = self.buffer.sample(packet.meta["rows"], out=self._recycled(packet.meta["learner"], packet.meta["rows"]))
-        packet.parts = [sampled.data]
+        sizes, learner = packet.meta["sizes"], packet.meta["learner"]
+        if len(sizes) == 1:
+            sampled = self.buffer.sample(sizes[0], out=self._recycled(learner, sizes[0]))
+            packet.parts = [sampled.data]
+        else:  # one draw for g batches, gathered per batch (see ReplayBuffer.sample_split)
+            outs = [self._recycled(learner, n) for n in sizes]
+            packet.parts, sampled = self.buffer.sample_split(sizes, outs=outs)
         packet.meta.update(
             indices=sampled.indices, ids=sampled.ids, weights=sampled.weights, version=sampled.version
         )
@@ -526,8 +540,7 @@ class MinibatchDelivery(DeliveryPath):
         m = self.buffer.num_minibatches
         learner = meta["learner"]
         rows = [it.plan[p // m][p % m][learner] for p in meta["positions"]]
-        flat = np.concatenate(rows) if len(rows) > 1 else rows[0]
-        packet.parts = [self.buffer.gather(it, flat)]
+        packet.parts = [self.buffer.gather(it, r) for r in rows]  # per mini-batch: no epoch-sized allocation
         ids = it.id_array()
         meta.update(rows=rows, sizes=[len(r) for r in rows], ids=[ids[r] for r in rows], version=self.buffer.inserted)
         return packet

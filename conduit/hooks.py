@@ -135,7 +135,8 @@ class HookRegistry:
                     raise HookError(f"cannot register {fn!r}: {self.frozen_reason}")
                 old = self._hooks.get(kind)
                 if old is not None and old.fn is not fn:
-                    log.warning("conduit: %s hook %s replaces %s", kind.value, getattr(fn, "__qualname__", fn), old.name)
+                    name = getattr(fn, "__qualname__", fn)
+                    log.warning("conduit: %s hook %s replaces %s", kind.value, name, old.name)
                 self._hooks[kind] = HookSpec(kind, fn, input, output)
             return fn
 

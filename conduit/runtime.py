@@ -463,14 +463,14 @@ class Conduit:
                     log.warning("conduit: close could not drain pending units: %s", e)
             self._closed = True
             self.failure.closed = True
-        if isinstance(self.delivery, ReplayDelivery):
-            self.delivery.release_reservations()
         stopped = True
         for channel in self._channels:
             stopped &= channel.close(timeout)
         for path in (self.ingestion, self.delivery):
             if path is not None:
                 stopped &= path.close(timeout)
+        if isinstance(self.delivery, ReplayDelivery):  # after the worker stopped: its last invocation is staged
+            self.delivery.release_reservations()
         if not stopped:
             log.warning("conduit: a worker thread did not stop within %.3gs", timeout)
         self._release()

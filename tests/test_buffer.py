@@ -63,6 +63,21 @@ def test_sample_returns_matching_rows_ids_and_version():
     assert s.data["obs"].shape == (32, 4)
 
 
+@pytest.mark.parametrize("sampler", [None, PrioritizedSampler(16, alpha=0.6, beta=0.4)], ids=["uniform", "prioritized"])
+def test_sample_split_is_one_draw_split_into_batches(sampler):
+    one, split = ring(16, sampler), ring(16, sampler and PrioritizedSampler(16, alpha=0.6, beta=0.4))
+    for buf in (one, split):
+        buf.write([transitions(12)])
+    whole = one.sample(9)
+    outs = [None, {k: torch.empty((3, *v.shape[1:]), dtype=v.dtype) for k, v in whole.data.items()}, None]
+    parts, s = split.sample_split([2, 3, 4], outs=outs)
+    np.testing.assert_array_equal(s.indices, whole.indices)  # same seed, same single draw
+    assert [p["tid"].shape[0] for p in parts] == [2, 3, 4]
+    assert parts[1]["obs"].data_ptr() == outs[1]["obs"].data_ptr()  # gathered into the given memory
+    for k in whole.data:
+        assert torch.equal(torch.cat([p[k] for p in parts]), whole.data[k])
+
+
 def test_priority_updates_skip_slots_overwritten_since_sampling():
     buf = ring(4, PrioritizedSampler(4, alpha=1.0, eps=0.0))
     buf.write([transitions(4)])

@@ -58,6 +58,7 @@ def test_a_raising_hook_is_a_hook_failure_with_its_traceback(overlap):
         assert isinstance(err.__cause__, ValueError) and "in broken" in err.original_traceback
         with pytest.raises(HookFailed):  # the runtime stays failed: every later call says so
             edp.push(transitions(4))
+    assert edp.delivery.limiter.reserved == 0  # the failed invocation gave back the rows it claimed
 
 
 @pytest.mark.parametrize("overlap", BOTH)

@@ -214,7 +214,8 @@ class AutoPlanner:
         self.prediction = optimize(self.costs, schedules)
         self.rt.reschedule(self.prediction.schedule)
         self.history.append(PlanEvent(self.iteration, "planned", self.prediction.schedule, self.prediction, self.costs))
-        log.info("conduit: auto-planned %s (predicted T_iter %.3f ms)", self.prediction.schedule, self.prediction.t_iter * 1e3)
+        p = self.prediction
+        log.info("conduit: auto-planned %s (predicted T_iter %.3f ms)", p.schedule, p.t_iter * 1e3)
         self.phase = Phase.RUN
         self._recent.clear()
         self._migrations = self._buffer_migrations()

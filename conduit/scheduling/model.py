@@ -113,8 +113,9 @@ def _path(t_neighbour: float, per_iteration: float, mode: Mode, t_sync: float) -
 
 def predict(costs: Costs, schedule: Schedule) -> Prediction:
     """``T_iter`` of one schedule under the model."""
-    ing = _path(costs.t_rollout, costs.per_iteration_ing(schedule.ingestion.granularity), schedule.ingestion, costs.t_sync_ing)
-    dlv = _path(costs.t_update, costs.per_iteration_del(schedule.delivery.granularity), schedule.delivery, costs.t_sync_del)
+    i, d = schedule.ingestion, schedule.delivery
+    ing = _path(costs.t_rollout, costs.per_iteration_ing(i.granularity), i, costs.t_sync_ing)
+    dlv = _path(costs.t_update, costs.per_iteration_del(d.granularity), d, costs.t_sync_del)
     t_iter = ing + dlv + costs.t_other
     return Prediction(t_iter, t_iter - costs.t_rollout - costs.t_update, ing, dlv, schedule)
 

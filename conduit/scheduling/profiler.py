@@ -65,7 +65,9 @@ class ProfileResult:
     seconds: float = 0.0
 
 
-def _scratch_config(cfg: ConduitConfig, bytes_per_sample: int, settings: ProfileSettings, need_rows: int) -> ConduitConfig:
+def _scratch_config(
+    cfg: ConduitConfig, bytes_per_sample: int, settings: ProfileSettings, need_rows: int
+) -> ConduitConfig:
     if cfg.policy is Policy.ON_POLICY:
         return cfg.model_copy(update={"timeout_s": 60.0})
     assert cfg.capacity is not None
@@ -127,7 +129,8 @@ def measure_delivery(
     for g in granularities:
         scfg = _scratch_config(cfg, bps, settings, 0)
         dlv = Mode(g < 1, g)
-        with Conduit(scfg, schedule=Schedule(Mode(False, Fraction(1)), dlv), registry=_copy(registry), storage=storage) as edp:
+        schedule = Schedule(Mode(False, Fraction(1)), dlv)
+        with Conduit(scfg, schedule=schedule, registry=_copy(registry), storage=storage) as edp:
             invocations = settings.warmup + settings.repeats
             if cfg.policy is Policy.OFF_POLICY:
                 assert scfg.capacity is not None

@@ -79,6 +79,7 @@ def test_micro_result_has_every_role_and_byte_count(tiny_result: MicroResult) ->
         (Op.INGEST, Role.NUMPY),
         (Op.DELIVER, Role.CONDUIT),
         (Op.DELIVER, Role.CONDUIT_GATHER),
+        (Op.DELIVER, Role.CONDUIT_POOLED),
         (Op.DELIVER, Role.INDEX_SELECT),
         (Op.DELIVER, Role.MEMCPY),
         (Op.DELIVER, Role.NUMPY),

@@ -131,7 +131,7 @@ class DimResult:
         return min(pool, key=lambda c: c.seconds) if pool else None
 
     def best_conduit(self, op: Op) -> CaseResult | None:
-        return self.best(op, (Role.CONDUIT, Role.CONDUIT_VARIANT))
+        return self.best(op, (Role.CONDUIT, Role.CONDUIT_VARIANT, Role.CONDUIT_POOLED))
 
     def best_torchrl(self) -> CaseResult | None:
         return self.best(Op.DELIVER, (Role.TORCHRL, Role.TORCHRL_PREFETCH))

@@ -61,6 +61,7 @@ class Role(str, Enum):
     CONDUIT = "conduit"  # the headline: push / pull, inline g=1
     CONDUIT_VARIANT = "conduit_variant"  # another schedule (granularity, overlap)
     CONDUIT_GATHER = "conduit_gather"  # the raw gather operator, edp.buffer.sample
+    CONDUIT_POOLED = "conduit_pooled"  # the headline pull with recycled batch memory (batch_pool=2)
     TORCHRL = "torchrl"
     TORCHRL_PREFETCH = "torchrl_prefetch"
     CPPRB = "cpprb"

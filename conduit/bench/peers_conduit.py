@@ -82,8 +82,10 @@ class _Handle(Storage):
     def write_slots(self, slots: np.ndarray, data: Mapping[str, torch.Tensor]) -> None:
         self.ring.write_slots(slots, data)
 
-    def gather(self, indices: torch.Tensor, device: torch.device | None = None) -> dict[str, torch.Tensor]:
-        return self.ring.gather(indices, device)
+    def gather(
+        self, indices: torch.Tensor, device: torch.device | None = None, out: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor]:
+        return self.ring.gather(indices, device, out)
 
     def read(self, start: int, n: int) -> dict[str, torch.Tensor]:
         return self.ring.read(start, n)
@@ -122,10 +124,16 @@ class ConduitPeer(Peer):
                 if mode != one:
                     self.variants[mode] = self._runtime(Schedule(mode, mode))
         self.prioritized = self._runtime(Schedule(one, one), SamplerKind.PRIORITIZED)
+        # the headline with recycled batch memory (ConduitConfig.batch_pool): what index_select(out=) gets for free
+        self.pooled = self._runtime(Schedule(one, one), batch_pool=2)
         self._k = 0
 
     def _runtime(
-        self, schedule: Schedule, sampler: SamplerKind = SamplerKind.UNIFORM, tracer: Tracer | None = None
+        self,
+        schedule: Schedule,
+        sampler: SamplerKind = SamplerKind.UNIFORM,
+        tracer: Tracer | None = None,
+        batch_pool: int = 0,
     ) -> Conduit:
         d = self.data
         return Conduit(
@@ -140,12 +148,13 @@ class ConduitPeer(Peer):
             sampler=sampler,
             seed=d.seed,
             g_max=self.g_max,
+            batch_pool=batch_pool,
             timeout_s=120.0,
         ).start()
 
     @property
     def runtimes(self) -> list[Conduit]:
-        return [self.headline, *self.variants.values(), self.prioritized]
+        return [self.headline, *self.variants.values(), self.prioritized, self.pooled]
 
     def fill(self) -> None:
         for edp in self.runtimes:
@@ -202,6 +211,17 @@ class ConduitPeer(Peer):
         for mode, edp in self.variants.items():
             out.append(Case(f"Conduit push ({mode})", lib, Op.INGEST, Role.CONDUIT_VARIANT, self._push(edp)))
             out.append(Case(f"Conduit pull ({mode})", lib, Op.DELIVER, Role.CONDUIT_VARIANT, self._pull(edp), u))
+        out.append(
+            Case(
+                f"Conduit pull ({head}, batch_pool=2)",
+                lib,
+                Op.DELIVER,
+                Role.CONDUIT_POOLED,
+                self._pull(self.pooled),
+                u,
+                note="recycled batch memory: each batch stays valid for one more pull, then is overwritten",
+            )
+        )
         out += [
             Case(f"Conduit push ({head}, prioritized)", lib, Op.INGEST, Role.CONDUIT, self._push(self.prioritized), p),
             Case(f"Conduit pull ({head}, prioritized)", lib, Op.DELIVER, Role.CONDUIT, self._pull(self.prioritized), p),

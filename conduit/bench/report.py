@@ -81,9 +81,11 @@ def micro_ratios(d: DimResult) -> dict[str, float | None]:
     cp, npr = d.find(Op.DELIVER, Role.CPPRB), d.find(Op.DELIVER, Role.NUMPY)
     slice_copy = d.find(Op.INGEST, Role.SLICE_COPY)
     pull_p = d.find(Op.DELIVER, Role.CONDUIT, P)
+    pooled = d.find(Op.DELIVER, Role.CONDUIT_POOLED)
     return {
         "pull/index_select": _ratio(pull, isel),
         "gather_op/index_select": _ratio(d.find(Op.DELIVER, Role.CONDUIT_GATHER, U), isel),
+        "pooled_pull/index_select": _ratio(pooled, isel),
         "best_pull/index_select": _ratio(best_pull, isel),
         "pull/memcpy": _ratio(pull, memcpy),
         "best_pull/memcpy": _ratio(best_pull, memcpy),
@@ -92,6 +94,8 @@ def micro_ratios(d: DimResult) -> dict[str, float | None]:
         "torchrl_prefetch/pull": _ratio(trl_pf, pull),
         "torchrl_best/pull": _ratio(d.best_torchrl(), pull),
         "cpprb/pull": _ratio(cp, pull),
+        "torchrl_best/pooled_pull": _ratio(d.best_torchrl(), pooled),
+        "cpprb/pooled_pull": _ratio(cp, pooled),
         "numpy/pull": _ratio(npr, pull),
         "push/slice_copy": _ratio(push, slice_copy),
         "best_push/slice_copy": _ratio(best_push, slice_copy),

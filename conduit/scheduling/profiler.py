@@ -11,6 +11,8 @@
   overlapped at ``g = 1`` (or the smallest fraction on-policy); the difference
   between measured and modeled-without-sync time is ``T_sync``. The all-inline
   run also calibrates ``t_other``, the loop's own per-iteration bookkeeping.
+  ``T_sync`` is per invocation (see :mod:`conduit.scheduling.model`): the
+  probe's excess divided by the invocations it ran per iteration.
 
 Everything is bounded: a handful of invocations per granularity and a few dozen
 loop iterations per calibration run.
@@ -179,13 +181,19 @@ def probe_schedules(policy: Policy, num_minibatches: int) -> dict[str, Schedule]
 
 
 def fit_sync(costs: Costs, measured: dict[str, float], probes: dict[str, Schedule]) -> Costs:
-    """``t_other`` from the all-inline run, ``T_sync`` per path from its overlapped probe (pure)."""
-    t_other = measured["base"] - predict(costs, probes["base"]).t_iter
-    base = replace(costs, t_other=t_other, t_sync_ing=0.0, t_sync_del=0.0)
+    """``t_other`` from the all-inline run, ``T_sync`` per path and invocation from its overlapped probe (pure)."""
+    bare = replace(costs, t_other=0.0, t_sync_ing=0.0, t_sync_del=0.0)  # refitting starts from scratch
+    base = replace(bare, t_other=measured["base"] - predict(bare, probes["base"]).t_iter)
     sync = {}
     for path in ("ingestion", "delivery"):
         if path in measured:
-            sync[path] = measured[path] - predict(base, probes[path]).t_iter
+            probe = probes[path]
+            n = (
+                base.ingestion_invocations(probe.ingestion.granularity)
+                if path == "ingestion"
+                else base.delivery_invocations(probe.delivery.granularity)
+            )
+            sync[path] = (measured[path] - predict(base, probe).t_iter) / n
     return replace(base, t_sync_ing=sync.get("ingestion", 0.0), t_sync_del=sync.get("delivery", 0.0))
 
 

@@ -1,0 +1,123 @@
+"""The cost model and optimizer (Eq. 2) as pure functions: property tests against brute force."""
+
+from __future__ import annotations
+
+import itertools
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conduit.scheduling.model import Costs, gamma, optimize, predict, rank
+from conduit.scheduling.profiler import fit_sync, probe_schedules
+from conduit.scheduling.space import Mode, Policy, Schedule, feasible_schedules, is_feasible_mode
+
+ms = st.floats(min_value=0.0, max_value=50e-3, allow_nan=False)
+
+
+@st.composite
+def workloads(draw: st.DrawFn, policy: Policy | None = None) -> tuple[Costs, int, int]:
+    """Random costs over a random feasible space: (costs, g_ing_max, g_del_max)."""
+    policy = policy or draw(st.sampled_from(Policy))
+    m = draw(st.integers(1, 8)) if policy is Policy.ON_POLICY else 1
+    gi_max, gd_max = draw(st.integers(1, 6)), draw(st.integers(1, 6))
+    ing = {Fraction(g) for g in range(1, gi_max + 1)} | {Fraction(k, m) for k in range(1, m + 1)}
+    dlv = {Fraction(g) for g in range(1, gd_max + 1)} | {Fraction(1, m)}
+    costs = Costs(
+        policy=policy,
+        t_rollout=draw(ms),
+        t_update=draw(ms),
+        t_ing={g: draw(ms) for g in sorted(ing)},
+        t_del={g: draw(ms) for g in sorted(dlv)},
+        t_sync_ing=draw(st.floats(-1e-3, 5e-3)),
+        t_sync_del=draw(st.floats(-1e-3, 5e-3)),
+        t_other=draw(ms),
+        units_per_iteration=draw(st.integers(1, 8)),
+        num_minibatches=m,
+        num_epochs=draw(st.integers(1, 4)),
+    )
+    return costs, gi_max, gd_max
+
+
+def brute_force(costs: Costs, g_ing_max: int, g_del_max: int) -> float:
+    """The minimum of the model over every (timing, granularity) pair, filtered by feasibility only."""
+    m = costs.num_minibatches
+    space_i = tuple(sorted(g for g in costs.t_ing if g <= g_ing_max))
+    space_d = tuple(sorted(g for g in costs.t_del if g <= g_del_max))
+    if costs.policy is Policy.ON_POLICY:
+        space_i = tuple(sorted({Fraction(k, m) for k in range(1, m + 1)}))
+        space_d = tuple(sorted({Fraction(1, m), Fraction(1)}))
+    best = float("inf")
+    for oi, gi, od, gd in itertools.product((False, True), space_i, (False, True), space_d):
+        ing, dlv = Mode(oi, gi), Mode(od, gd)
+        if is_feasible_mode(costs.policy, ing, space_i) and is_feasible_mode(costs.policy, dlv, space_d):
+            best = min(best, predict(costs, Schedule(ing, dlv)).t_iter)
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(workloads())
+def test_optimize_returns_the_true_minimum_of_the_model(w: tuple[Costs, int, int]) -> None:
+    costs, gi, gd = w
+    space = feasible_schedules(costs.policy, costs.num_minibatches, gi, gd)
+    chosen = optimize(costs, space)
+    assert chosen.t_iter == pytest.approx(brute_force(costs, gi, gd), abs=1e-15)
+    assert chosen.schedule in space
+    assert [p.t_iter for p in rank(costs, space)] == sorted(p.t_iter for p in rank(costs, space))
+
+
+@settings(max_examples=200, deadline=None)
+@given(workloads(Policy.ON_POLICY))
+def test_on_policy_never_chooses_a_mode_outside_fig_10(w: tuple[Costs, int, int]) -> None:
+    costs, gi, gd = w
+    chosen = optimize(costs, feasible_schedules(Policy.ON_POLICY, costs.num_minibatches, gi, gd)).schedule
+    for mode in (chosen.ingestion, chosen.delivery):
+        assert (not mode.overlap and mode.granularity == 1) or (mode.overlap and mode.granularity < 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(workloads(Policy.OFF_POLICY))
+def test_caps_are_respected(w: tuple[Costs, int, int]) -> None:
+    costs, gi, gd = w
+    chosen = optimize(costs, feasible_schedules(Policy.OFF_POLICY, 1, gi, gd)).schedule
+    assert 1 <= chosen.ingestion.granularity <= gi and chosen.ingestion.granularity.denominator == 1
+    assert 1 <= chosen.delivery.granularity <= gd and chosen.delivery.granularity.denominator == 1
+
+
+def test_gamma_hides_everything_at_whole_units_and_less_when_pipelined() -> None:
+    assert gamma(Fraction(1)) == gamma(Fraction(3)) == 1.0
+    assert gamma(Fraction(1, 4)) == 0.75
+
+
+def test_overlap_hides_at_most_the_smaller_of_work_and_neighbour() -> None:
+    costs = Costs(Policy.OFF_POLICY, 2e-3, 8e-3, {Fraction(1): 1e-3}, {Fraction(1): 12e-3})
+    one = Fraction(1)
+    inline = predict(costs, Schedule(Mode(False, one), Mode(False, one)))
+    both = predict(costs, Schedule(Mode(True, one), Mode(True, one)))
+    assert inline.exposed == pytest.approx(13e-3)
+    assert both.exposed == pytest.approx(13e-3 - 1e-3 - 8e-3)  # ingestion fully hidden; delivery hides 8 of 12
+
+
+def test_sync_is_paid_per_invocation() -> None:
+    t = {Fraction(g): g * 1e-3 for g in (1, 2, 4)}
+    costs = Costs(Policy.OFF_POLICY, 5e-3, 5e-3, t, t, t_sync_ing=0.0, t_sync_del=2e-3)
+    g1 = predict(costs, Schedule(Mode(False, 1), Mode(True, 1)))
+    g4 = predict(costs, Schedule(Mode(False, 1), Mode(True, 4)))
+    assert g1.exposed - g4.exposed == pytest.approx(2e-3 * (1 - 1 / 4))
+
+
+@settings(max_examples=200, deadline=None)
+@given(workloads(), st.floats(0, 5e-3), st.floats(0, 5e-3), st.floats(0, 5e-3))
+def test_fit_sync_recovers_the_costs_that_produced_the_measurements(w, t_other, s_ing, s_del) -> None:
+    costs, _, _ = w
+    truth = Costs(**{**costs.__dict__, "t_other": t_other, "t_sync_ing": s_ing, "t_sync_del": s_del})
+    probes = probe_schedules(costs.policy, costs.num_minibatches)
+    measured = {name: predict(truth, s).t_iter for name, s in probes.items()}
+    fitted = fit_sync(costs, measured, probes)
+    assert fitted.t_other == pytest.approx(t_other, abs=1e-12)
+    for name, s in probes.items():
+        assert predict(fitted, s).t_iter == pytest.approx(measured[name], abs=1e-12)
+    if "delivery" in probes:
+        assert fitted.t_sync_del == pytest.approx(s_del, abs=1e-12)
+        assert fitted.t_sync_ing == pytest.approx(s_ing, abs=1e-12)

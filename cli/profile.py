@@ -25,9 +25,9 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from conduit.scheduling.model import Costs, optimize, predict, rank
+from conduit.scheduling.model import Costs, predict
 from conduit.scheduling.profiler import ProfileSettings, profile_workload
-from conduit.scheduling.space import Mode, Policy, Schedule, feasible_schedules
+from conduit.scheduling.space import Mode, Policy, Schedule
 from conduit.synthetic import CostKind, SyntheticWorkload, run_loop
 
 POLICIES = {"off": [Policy.OFF_POLICY], "on": [Policy.ON_POLICY], "both": [Policy.OFF_POLICY, Policy.ON_POLICY]}
@@ -127,10 +127,7 @@ def _profile_one(console: Console, w: SyntheticWorkload, g_max: int, check: bool
             w, settings=ProfileSettings(), g_max=g_max,
             progress=lambda msg: bar.update(task, description=f"{label}: {msg}"),
         )
-        cfg = w.config(g_max=g_max)
-        schedules = feasible_schedules(w.policy, cfg.num_minibatches, g_max, g_max)
-        ranked = rank(result.costs, schedules)
-        chosen = optimize(result.costs, schedules)
+        ranked, chosen = result.ranked, result.choice
         baseline = predict(result.costs, inline_baseline(w.policy))
         measured: dict[str, Any] = {}
         if check:
@@ -149,12 +146,14 @@ def _profile_one(console: Console, w: SyntheticWorkload, g_max: int, check: bool
         "calibration": result.calibration,
         "candidates": [p.to_json() for p in ranked],
         "chosen": {"schedule": chosen.schedule.to_json(), "placement": "cpu", **chosen.to_json()},
+        "model_choice": result.model_choice.to_json(),
+        "verified": [{"schedule": s.to_json(), "t_iter_s": t} for s, t in result.verified.items()],
         "baseline": baseline.to_json(),
         "measured": measured,
         "profile_seconds": result.seconds,
     }
     if not quiet:
-        _print_profile(console, label, w, result.costs, ranked, chosen, baseline, measured)
+        _print_profile(console, label, w, result.costs, ranked, chosen, baseline, measured, result.verified)
     return doc
 
 
@@ -175,7 +174,7 @@ def _print_machine(console: Console, m: dict[str, Any]) -> None:
     console.print(f"[bold]Conduit profile[/bold]  torch {m['torch']}, {m['cpu_count']} CPU threads, GPUs: {gpus}")
 
 
-def _print_profile(console, label, w, costs, ranked, chosen, baseline, measured) -> None:  # type: ignore[no-untyped-def]
+def _print_profile(console, label, w, costs, ranked, chosen, baseline, measured, verified) -> None:  # type: ignore[no-untyped-def]
     console.print(
         f"\n[bold cyan]{label}[/bold cyan]: dim {w.dim} ({w.bytes_per_sample:,} B/transition), "
         f"unit {w.unit_size}, batch {w.train_batch_size}, cost={w.cost.value}"
@@ -190,12 +189,12 @@ def _print_profile(console, label, w, costs, ranked, chosen, baseline, measured)
         t.add_row(f"T_ing(g={g})", _ms(v), _ms(costs.per_iteration_ing(g)))
     for g, v in costs.t_del.items():
         t.add_row(f"T_del(g={g})", _ms(v), _ms(costs.per_iteration_del(g)))
-    t.add_row("T_sync ingestion (fitted)", "", _ms(costs.t_sync_ing))
-    t.add_row("T_sync delivery (fitted)", "", _ms(costs.t_sync_del))
+    t.add_row("T_sync ingestion (fitted, per invocation)", "", _ms(costs.t_sync_ing))
+    t.add_row("T_sync delivery (fitted, per invocation)", "", _ms(costs.t_sync_del))
     console.print(t)
 
     r = Table(title="Candidate schedules, best first (model)")
-    for col in ("#", "ingestion", "delivery", "T_iter ms", "exposed ms"):
+    for col in ("#", "ingestion", "delivery", "T_iter ms", "exposed ms", "verified T_iter ms"):
         r.add_column(col, justify="right" if "ms" in col or col == "#" else "left")
     shown = ranked[:8]
     if baseline.schedule not in [p.schedule for p in shown]:
@@ -203,8 +202,10 @@ def _print_profile(console, label, w, costs, ranked, chosen, baseline, measured)
     for p in shown:
         style = "bold green" if p.schedule == chosen.schedule else ("yellow" if p.schedule == baseline.schedule else "")
         idx = next(i for i, q in enumerate(ranked) if q.schedule == p.schedule) + 1
+        v = _ms(verified[p.schedule]) if p.schedule in verified else ""
         r.add_row(
-            str(idx), str(p.schedule.ingestion), str(p.schedule.delivery), _ms(p.t_iter), _ms(p.exposed), style=style
+            str(idx), str(p.schedule.ingestion), str(p.schedule.delivery), _ms(p.t_iter), _ms(p.exposed), v,
+            style=style,
         )
     console.print(r)
     console.print(
@@ -237,18 +238,26 @@ def _validate(console: Console, fields: dict[str, Any], dims: list[int], g_max: 
         rows.append({
             "dim": d.workload.dim, "configs": len(d.rows), "best_schedule": best_s.to_json(), "best_t_iter_s": best,
             "auto_schedule": d.auto.schedule.to_json() if d.auto else None, "auto_t_iter_s": d.auto_measured,
-            "auto_vs_best": d.auto_vs_best, "top8_match": d.topk_match(8), "top8_overlap": d.topk_overlap(8),
+            "auto_vs_best": d.auto_vs_best, "model_schedule": d.profile.model_choice.schedule.to_json(),
+            "model_vs_best_in_sweep": d.model_vs_best, "top8_match": d.topk_match(8), "top8_overlap": d.topk_overlap(8),
+            "costs": _costs_json(d.profile.costs),
+            "rows": [{"schedule": s.to_json(), "predicted_s": p, "measured_s": m} for s, p, m in d.rows],
+            "rematch_s": [{"schedule": s.to_json(), "measured_s": m} for s, m in d.rematch.items()],
         })
     doc = {"pearson_r": rep.pearson_r, "mape_pct": rep.mape, "dimensions": rows}
     if not quiet:
         t = Table(title=f"Cost model vs measurement: Pearson r = {rep.pearson_r:.3f}, MAPE = {rep.mape:.1f}%")
-        cols = ("dim", "configs", "best measured ms", "auto measured ms", "auto/best", "top-8 order", "top-8 overlap")
+        cols = (
+            "dim", "configs", "best measured ms", "auto measured ms", "auto/best", "model's own/best",
+            "top-8 order", "top-8 overlap",
+        )
         for col in cols:
             t.add_column(col, justify="right")
         for row in rows:
             t.add_row(
                 str(row["dim"]), str(row["configs"]), _ms(row["best_t_iter_s"]), _ms(row["auto_t_iter_s"]),
-                f"{row['auto_vs_best']:.3f}", "yes" if row["top8_match"] else "no", f"{row['top8_overlap']:.0%}",
+                f"{row['auto_vs_best']:.3f}", f"{row['model_vs_best_in_sweep']:.3f}",
+                "yes" if row["top8_match"] else "no", f"{row['top8_overlap']:.0%}",
             )
         console.print(t)
     return doc

@@ -21,7 +21,11 @@ def test_profile_json_reports_costs_candidates_and_a_feasible_plan():
         assert costs["t_ing_s"] and costs["t_del_s"]
         cands = w["candidates"]
         assert cands == sorted(cands, key=lambda c: c["t_iter_s"])
-        assert w["chosen"]["schedule"] == cands[0]["schedule"]
+        assert w["model_choice"]["schedule"] == cands[0]["schedule"]
+        verified = {json.dumps(v["schedule"], sort_keys=True): v["t_iter_s"] for v in w["verified"]}
+        assert set(verified) == {json.dumps(c["schedule"], sort_keys=True) for c in cands[:3]}  # the shortlist
+        fastest = min(verified, key=verified.get)
+        assert json.dumps(w["chosen"]["schedule"], sort_keys=True) == fastest  # the plan: fastest measured
         if w["workload"]["policy"] == "on_policy":
             for c in cands:
                 for path in ("ingestion", "delivery"):

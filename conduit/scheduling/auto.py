@@ -14,7 +14,7 @@ receives, only when and at what granularity ingestion and delivery run::
             with edp.phase("update"):
                 update(batch)
 
-It moves through three phases, at iteration boundaries (each pull off-policy,
+It moves through four phases, at iteration boundaries (each pull off-policy,
 the last mini-batch of an iteration on-policy), in the caller's thread:
 
 1. **observe** — ``observe`` iterations under the current schedule: iteration
@@ -25,8 +25,11 @@ the last mini-batch of an iteration on-policy), in the caller's thread:
    scratch runtimes fed the captured units (:mod:`~conduit.scheduling.profiler`),
    then ``probe`` live iterations each of all-inline and of each path overlapped,
    which fit ``t_other`` and ``T_sync`` (:func:`~conduit.scheduling.profiler.fit_sync`).
-3. **run** — Eq. 2 over every feasible schedule; the runtime is rescheduled to
-   the minimum. The planner re-plans when the buffer migrated (the per-sample
+3. **verify** — Eq. 2 ranks every feasible schedule; the model's ``verify``
+   best (those not measured already as probes) run ``probe`` live iterations
+   each, and the fastest measured becomes the plan: the model prunes dozens of
+   candidates, measurement settles the few within its error.
+4. **run** — the runtime is rescheduled to the plan. The planner re-plans when the buffer migrated (the per-sample
    size changed) or the measured iteration time drifts from the prediction by
    more than ``drift`` over a whole window.
 
@@ -47,7 +50,7 @@ import torch
 
 from conduit.buffer import ReplayBuffer
 from conduit.runtime import Conduit
-from conduit.scheduling.model import Costs, Prediction, optimize
+from conduit.scheduling.model import Costs, Prediction, rank
 from conduit.scheduling.profiler import (
     ProfileSettings,
     fit_sync,
@@ -66,6 +69,7 @@ log = logging.getLogger("conduit")
 class Phase(str, Enum):
     OBSERVE = "observe"
     PROBE = "probe"
+    VERIFY = "verify"
     RUN = "run"
 
 
@@ -99,6 +103,7 @@ class AutoPlanner:
         probe: int = 8,
         window: int = 32,
         drift: float = 0.25,
+        verify: int = 3,
         settings: ProfileSettings = ProfileSettings(warmup=1, repeats=5),
     ) -> None:
         self.rt = runtime
@@ -106,6 +111,7 @@ class AutoPlanner:
         self.probe_n = probe
         self.window = window
         self.drift = drift
+        self.verify_n = verify
         self.settings = settings
         self.phase = Phase.OBSERVE
         self.iteration = 0
@@ -122,6 +128,9 @@ class AutoPlanner:
         self._probe_queue: list[str] = []
         self._measured: dict[str, float] = {}
         self._probe_times: list[float] = []
+        self._ranked: list[Prediction] = []
+        self._verify_queue: list[Schedule] = []
+        self.verified: dict[Schedule, float] = {}
         self._migrations = 0
         runtime.observers.append(self)
 
@@ -159,7 +168,7 @@ class AutoPlanner:
         w.outside.append(max(0.0, t_iter - self._inside))
         w.rollout.append(self._phases["rollout"])
         w.update.append(self._phases["update"])
-        if self.phase is Phase.PROBE:
+        if self.phase in (Phase.PROBE, Phase.VERIFY):
             self._probe_times.append(t_iter)
         self._recent.append(t_iter)
 
@@ -173,6 +182,13 @@ class AutoPlanner:
             self._probe_times = []
             if self._probe_queue:
                 self.rt.reschedule(self._probes[self._probe_queue[0]])
+            else:
+                self._rank()
+        elif self.phase is Phase.VERIFY and len(self._probe_times) >= self.probe_n:
+            self.verified[self._verify_queue.pop(0)] = statistics.median(self._probe_times[2:] or self._probe_times)
+            self._probe_times = []
+            if self._verify_queue:
+                self.rt.reschedule(self._verify_queue[0])
             else:
                 self._choose()
         elif self.phase is Phase.RUN:
@@ -204,14 +220,31 @@ class AutoPlanner:
         self.phase = Phase.PROBE
         self.rt.reschedule(self._probes[self._probe_queue[0]])
 
-    def _choose(self) -> None:
+    def _rank(self) -> None:
         assert self.costs is not None
         cfg = self.rt.config
         self.costs = fit_sync(self.costs, self._measured, self._probes)
         schedules = feasible_schedules(
             cfg.policy, cfg.num_minibatches, int(max(cfg.ingestion_space)), int(max(cfg.delivery_space))
         )
-        self.prediction = optimize(self.costs, schedules)
+        self._ranked = rank(self.costs, schedules)
+        top = [p.schedule for p in self._ranked[: max(1, self.verify_n)]]
+        probed = {s: self._measured[name] for name, s in self._probes.items() if name in self._measured}
+        self.verified = {s: probed[s] for s in top if s in probed}  # already measured live as a probe
+        self._verify_queue = [s for s in top if s not in self.verified] if len(top) > 1 else []
+        self._probe_times = []
+        if self._verify_queue:
+            self.phase = Phase.VERIFY
+            self.rt.reschedule(self._verify_queue[0])
+        else:
+            self._choose()
+
+    def _choose(self) -> None:
+        assert self.costs is not None
+        self.prediction = self._ranked[0]
+        if self.verified:
+            fastest = min(self.verified, key=lambda s: self.verified[s])
+            self.prediction = next(p for p in self._ranked if p.schedule == fastest)
         self.rt.reschedule(self.prediction.schedule)
         self.history.append(PlanEvent(self.iteration, "planned", self.prediction.schedule, self.prediction, self.costs))
         p = self.prediction

@@ -13,6 +13,11 @@
   run also calibrates ``t_other``, the loop's own per-iteration bookkeeping.
   ``T_sync`` is per invocation (see :mod:`conduit.scheduling.model`): the
   probe's excess divided by the invocations it ran per iteration.
+- **Verification**: the model ranks every feasible schedule, but on a loaded
+  machine schedules within a few percent of each other are inside the noise of
+  any one estimate. :func:`verify` runs the model's few best on the real loop,
+  interleaved, and the plan is the fastest measured of them: the model prunes
+  dozens of candidates to a handful, measurement settles the rest.
 
 Everything is bounded: a handful of invocations per granularity and a few dozen
 loop iterations per calibration run.
@@ -32,8 +37,8 @@ import torch
 from conduit.config import ConduitConfig
 from conduit.hooks import HookRegistry
 from conduit.runtime import Conduit
-from conduit.scheduling.model import Costs, predict
-from conduit.scheduling.space import Mode, Policy, Schedule
+from conduit.scheduling.model import Costs, Prediction, predict, rank
+from conduit.scheduling.space import Mode, Policy, Schedule, feasible_schedules
 from conduit.storage.policy import StoragePolicy
 from conduit.synthetic import SyntheticWorkload, run_loop, standalone_costs
 
@@ -46,6 +51,8 @@ __all__ = [
     "measure_ingestion",
     "probe_schedules",
     "profile_workload",
+    "shortlist",
+    "verify",
 ]
 
 Progress = Callable[[str], None]
@@ -57,6 +64,8 @@ class ProfileSettings:
     repeats: int = 7
     loop_iterations: int = 20
     loop_warmup: int = 4
+    verify_top: int = 3  # the model's best this many are measured on the loop (0: trust the model)
+    verify_rounds: int = 3
     scratch_bytes: int = 256 << 20  # scratch replay buffers hold at most this much
 
 
@@ -65,6 +74,23 @@ class ProfileResult:
     costs: Costs
     calibration: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    #: every feasible schedule under the fitted model, best first
+    ranked: list[Prediction] = field(default_factory=list)
+    #: measured median T_iter of the model's shortlist (empty when verification is off)
+    verified: dict[Schedule, float] = field(default_factory=dict)
+
+    @property
+    def model_choice(self) -> Prediction:
+        """Eq. 2's answer: the model's minimum."""
+        return self.ranked[0]
+
+    @property
+    def choice(self) -> Prediction:
+        """The plan: the fastest measured of the shortlist, else the model's minimum."""
+        if not self.verified:
+            return self.ranked[0]
+        best = min(self.verified, key=lambda s: self.verified[s])
+        return next(p for p in self.ranked if p.schedule == best)
 
 
 def _scratch_config(
@@ -241,4 +267,35 @@ def profile_workload(
         num_epochs=workload.num_epochs,
     )
     costs, calib = calibrate(workload, costs, settings, progress)
-    return ProfileResult(costs, calib, time.perf_counter() - t0)
+    ranked = rank(costs, feasible_schedules(cfg.policy, cfg.num_minibatches, g_max, g_max))
+    top = shortlist(ranked, settings.verify_top)
+    verified = verify(workload, top, settings=settings, progress=progress, pool=pool) if len(top) > 1 else {}
+    return ProfileResult(costs, calib, time.perf_counter() - t0, ranked, verified)
+
+
+def shortlist(ranked: Sequence[Prediction], top: int) -> list[Schedule]:
+    """The model's ``top`` best schedules (pure; ``ranked`` best first)."""
+    return [p.schedule for p in ranked[: max(0, top)]]
+
+
+def verify(
+    workload: SyntheticWorkload,
+    schedules: Sequence[Schedule],
+    *,
+    settings: ProfileSettings = ProfileSettings(),
+    progress: Progress | None = None,
+    pool: list[dict[str, torch.Tensor]] | None = None,
+) -> dict[Schedule, float]:
+    """Median ``T_iter`` of each schedule on the real loop, ``verify_rounds`` interleaved rounds.
+
+    The order alternates from round to round so slow drift of the machine
+    (a neighbour's job starting) does not favour whichever runs first.
+    """
+    pool = workload.units() if pool is None else pool
+    samples: dict[Schedule, list[float]] = {s: [] for s in schedules}
+    for r in range(settings.verify_rounds):
+        for s in schedules if r % 2 == 0 else list(reversed(schedules)):
+            if progress:
+                progress(f"verifying {s}")
+            samples[s].append(run_loop(workload, s, settings.loop_iterations, settings.loop_warmup, pool=pool).median)
+    return {s: statistics.median(v) for s, v in samples.items() if v}

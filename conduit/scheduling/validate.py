@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from conduit.scheduling.model import Prediction, optimize, predict
+from conduit.scheduling.model import Prediction, predict
 from conduit.scheduling.profiler import ProfileResult, ProfileSettings, profile_workload
 from conduit.scheduling.space import Schedule, feasible_schedules
 from conduit.synthetic import SyntheticWorkload, run_loop
@@ -67,6 +67,12 @@ class DimensionReport:
             return self.rematch[self.auto.schedule] / min(self.rematch.values())
         return self.auto_measured / self.best_measured[1]
 
+    @property
+    def model_vs_best(self) -> float:
+        """The model's own minimum (before verification), as measured in the sweep, over the sweep's best."""
+        s = self.profile.model_choice.schedule
+        return next(m for q, _, m in self.rows if q == s) / self.best_measured[1]
+
     def topk_match(self, k: int = 8) -> bool:
         """Whether the k configurations the model ranks best are, in order, the k measured best."""
         by_pred = [s for s, _, _ in sorted(self.rows, key=lambda r: r[1])][:k]
@@ -117,7 +123,7 @@ def validate(
         prof = profile_workload(w, settings=settings, g_max=g_max, progress=progress)
         cfg = w.config(g_max=g_max)
         schedules = feasible_schedules(cfg.policy, cfg.num_minibatches, g_max, g_max)
-        rep = DimensionReport(w, prof, auto=optimize(prof.costs, schedules))
+        rep = DimensionReport(w, prof, auto=prof.choice)  # the model's shortlist, verified on the loop
         pool = w.units()
         for s in schedules:
             if progress:

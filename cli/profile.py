@@ -165,6 +165,8 @@ def _costs_json(c: Costs) -> dict[str, Any]:
         "t_del_s": {str(g): t for g, t in c.t_del.items()},
         "t_sync_ing_s": c.t_sync_ing,
         "t_sync_del_s": c.t_sync_del,
+        "t_sync0_ing_s": c.t_sync0_ing,
+        "t_sync0_del_s": c.t_sync0_del,
         "t_other_s": c.t_other,
     }
 
@@ -189,8 +191,8 @@ def _print_profile(console, label, w, costs, ranked, chosen, baseline, measured,
         t.add_row(f"T_ing(g={g})", _ms(v), _ms(costs.per_iteration_ing(g)))
     for g, v in costs.t_del.items():
         t.add_row(f"T_del(g={g})", _ms(v), _ms(costs.per_iteration_del(g)))
-    t.add_row("T_sync ingestion (fitted, per invocation)", "", _ms(costs.t_sync_ing))
-    t.add_row("T_sync delivery (fitted, per invocation)", "", _ms(costs.t_sync_del))
+    t.add_row("T_sync ingestion (fitted)", _ms(costs.t_sync_ing), _ms(costs.t_sync0_ing))
+    t.add_row("T_sync delivery (fitted)", _ms(costs.t_sync_del), _ms(costs.t_sync0_del))
     console.print(t)
 
     r = Table(title="Candidate schedules, best first (model)")

@@ -1,8 +1,8 @@
 """``conduit bench synthetic``: the paper's synthetic stress test, every configuration through one loop.
 
 Each workload (policy, cost kind, transition dimension, batch size) is
-profiled once and Conduit's plan is chosen by the cost model (profile ->
-optimize, as ``conduit profile`` does); then every configuration runs the same
+profiled once and Conduit's plan is chosen as ``conduit profile`` chooses it
+(profile -> rank by the cost model -> verify the model's shortlist on the loop); then every configuration runs the same
 actor/learner loop (:func:`conduit.synthetic.run_loop`) in interleaved repeats:
 
 - **inline** — an RLlib-style buffer: ingest right after rollout, sample right
@@ -45,9 +45,9 @@ from conduit.bench.loop_results import (
 )
 from conduit.config import ConduitConfig
 from conduit.runtime import Conduit
-from conduit.scheduling.model import optimize, predict
+from conduit.scheduling.model import predict
 from conduit.scheduling.profiler import ProfileSettings, profile_workload
-from conduit.scheduling.space import Mode, Policy, Schedule, feasible_schedules
+from conduit.scheduling.space import Mode, Policy, Schedule
 from conduit.storage import FixedStorage, StoragePolicy
 from conduit.synthetic import Burner, SyntheticWorkload, run_loop, standalone_costs
 from conduit.trace import Tracer
@@ -219,8 +219,7 @@ def run_workload(
     auto = auto or FixedStorage("cpu")
     say("profiling")
     prof = profile_workload(w, settings=ProfileSettings(), g_max=settings.g_max)
-    schedules = feasible_schedules(w.policy, w.num_minibatches, settings.g_max, settings.g_max)
-    chosen = optimize(prof.costs, schedules)
+    chosen = prof.choice  # the model's shortlist, verified on the loop (as conduit profile plans)
     configs, unavailable = build_configs(w, chosen.schedule, auto_placement)
     pool = w.units()
     samples: dict[str, list[float]] = {c.name: [] for c in configs}

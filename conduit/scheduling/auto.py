@@ -213,7 +213,8 @@ class AutoPlanner:
             policy=cfg.policy, t_rollout=t_rollout, t_update=t_update, t_ing=t_ing, t_del=t_del,
             units_per_iteration=units, num_minibatches=cfg.num_minibatches, num_epochs=cfg.num_epochs,
         )
-        self._probes = probe_schedules(cfg.policy, cfg.num_minibatches)
+        coarsest = int(min(max(cfg.ingestion_space), max(cfg.delivery_space)))
+        self._probes = probe_schedules(cfg.policy, cfg.num_minibatches, coarsest)
         self._probe_queue = list(self._probes)
         self._measured = {}
         self._probe_times = []

@@ -7,19 +7,21 @@ one iteration and its whole update (``M`` mini-batches × epochs).
 - ``T̄(g) = T(g) · n(g)``: the per-iteration cost of an operator whose single
   invocation at granularity ``g`` takes ``T(g)``, run ``n(g)`` times per
   iteration (``1/g`` off-policy; on-policy the invocations one iteration needs).
-- ``T_ing_path = T_rollout + T̄_ing + overlap·n_ing(g)·T_sync_ing − hide_ing``
-- ``T_del_path = T_update  + T̄_del + overlap·n_del(g)·T_sync_del − hide_del``
+- ``T_ing_path = T_rollout + T̄_ing + overlap·S_ing(g) − hide_ing``
+- ``T_del_path = T_update  + T̄_del + overlap·S_del(g) − hide_del``
+- ``S(g) = T_sync0 + n(g)·T_sync``: what overlapping costs per iteration
 - ``hide = overlap · γ(g) · min(T_neighbour, T̄(g))``, ``γ(g) = 1`` for ``g ≥ 1``,
   ``1 − g`` for ``0 < g < 1``.
 - Eq. 2: minimise ``T_iter = T_ing_path + T_del_path`` over every feasible
   schedule; exposed experience-path latency is ``T_iter − T_rollout − T_update``.
 
-``T_sync`` is whatever overlap costs beyond the hidden work, **per
-invocation**: the hand-off between the worker and the caller (wake-ups, the
-GIL, events) and — on a CPU — the worker's contention with the compute it
-overlaps. It is paid once per invocation, so a coarser granularity pays it less
-often: measured on the 2-core CI machine at dimension 1,000, overlapped delivery
-cost 2.4 ms per iteration at ``g = 1`` and under 1 ms at ``g = 3``. The
+``S(g)`` is whatever overlap costs beyond the hidden work: a part paid **per
+invocation** (``T_sync``: the hand-off between the worker and the caller —
+wake-ups, the GIL, events — and, on a CPU, the worker's bursts of contention
+with the compute it overlaps), so a coarser granularity pays it less often —
+measured on the 2-core CI machine at dimension 1,000, overlapped delivery cost
+2.4 ms per iteration at ``g = 1`` and under 1 ms at ``g = 3`` — and a part paid
+per iteration whatever the granularity (``T_sync0``). The
 profiler calibrates it from measured overlapped runs, so the optimizer chooses
 no overlap where overlap does not pay.
 """
@@ -49,6 +51,7 @@ class Costs:
         t_rollout / t_update: one iteration's rollouts / update, alone.
         t_ing / t_del: wall time of ONE invocation at each granularity.
         t_sync_ing / t_sync_del: cost of overlapping a path, per invocation.
+        t_sync0_ing / t_sync0_del: cost of overlapping a path, per iteration (any granularity).
         t_other: per-iteration time outside every term (the loop's own bookkeeping);
             the same for every schedule, so it never changes the choice.
         units_per_iteration: on-policy rollout units per iteration (``U``).
@@ -63,6 +66,8 @@ class Costs:
     t_sync_ing: float = 0.0
     t_sync_del: float = 0.0
     t_other: float = 0.0
+    t_sync0_ing: float = 0.0
+    t_sync0_del: float = 0.0
     units_per_iteration: int = 1
     num_minibatches: int = 1
     num_epochs: int = 1
@@ -89,11 +94,11 @@ class Costs:
 
     def sync_ing(self, g: Fraction) -> float:
         """Per-iteration cost of overlapping ingestion at ``g``."""
-        return self.t_sync_ing * self.ingestion_invocations(g)
+        return self.t_sync0_ing + self.t_sync_ing * self.ingestion_invocations(g)
 
     def sync_del(self, g: Fraction) -> float:
         """Per-iteration cost of overlapping delivery at ``g``."""
-        return self.t_sync_del * self.delivery_invocations(g)
+        return self.t_sync0_del + self.t_sync_del * self.delivery_invocations(g)
 
 
 @dataclass(frozen=True, order=True)

@@ -64,6 +64,7 @@ class ProfileSettings:
     repeats: int = 7
     loop_iterations: int = 20
     loop_warmup: int = 4
+    calibration_rounds: int = 3  # interleaved rounds of the calibration probes (median): one burst is not a fit
     verify_top: int = 3  # the model's best this many are measured on the loop (0: trust the model)
     verify_rounds: int = 3
     scratch_bytes: int = 256 << 20  # scratch replay buffers hold at most this much
@@ -191,36 +192,77 @@ def _copy(registry: HookRegistry | None) -> HookRegistry | None:
     return fresh
 
 
-def probe_schedules(policy: Policy, num_minibatches: int) -> dict[str, Schedule]:
-    """The short runs that calibrate ``t_other`` and ``T_sync``: all inline, then each path overlapped."""
+def probe_schedules(policy: Policy, num_minibatches: int, g_max: int = 1) -> dict[str, Schedule]:
+    """The short runs that calibrate ``t_other`` and the sync terms.
+
+    All inline (``base``), then each path overlapped at its finest granularity
+    (``ingestion``, ``delivery``) and, where the space has a coarser overlapped
+    one, at the coarsest (``ingestion_coarse``, ``delivery_coarse``): two points
+    per path fit the per-invocation and the per-iteration part of ``S(g)``.
+    """
     one = Fraction(1)
     base = Schedule(Mode(False, one), Mode(False, one))
     probes = {"base": base}
     if policy is Policy.OFF_POLICY:
         probes["ingestion"] = Schedule(Mode(True, one), Mode(False, one))
         probes["delivery"] = Schedule(Mode(False, one), Mode(True, one))
+        if g_max > 1:
+            coarse = Fraction(g_max)
+            probes["ingestion_coarse"] = Schedule(Mode(True, coarse), Mode(False, one))
+            probes["delivery_coarse"] = Schedule(Mode(False, one), Mode(True, coarse))
     elif num_minibatches > 1:
         frac = Fraction(1, num_minibatches)
         probes["ingestion"] = Schedule(Mode(True, frac), Mode(False, one))
         probes["delivery"] = Schedule(Mode(False, one), Mode(True, frac))
+        if num_minibatches > 2:
+            probes["ingestion_coarse"] = Schedule(Mode(True, 1 - frac), Mode(False, one))
     return probes
 
 
 def fit_sync(costs: Costs, measured: dict[str, float], probes: dict[str, Schedule]) -> Costs:
-    """``t_other`` from the all-inline run, ``T_sync`` per path and invocation from its overlapped probe (pure)."""
-    bare = replace(costs, t_other=0.0, t_sync_ing=0.0, t_sync_del=0.0)  # refitting starts from scratch
+    """``t_other`` from the all-inline run, ``S(g)`` per path from its overlapped probes (pure).
+
+    With one probe on a path its excess over the model is all per invocation;
+    with two (fine and coarse), ``S(g) = T_sync0 + n(g)·T_sync`` goes through
+    both points where both parts come out non-negative (see :func:`_fit_line`).
+    """
+    bare = replace(costs, t_other=0.0, t_sync_ing=0.0, t_sync_del=0.0, t_sync0_ing=0.0, t_sync0_del=0.0)
     base = replace(bare, t_other=measured["base"] - predict(bare, probes["base"]).t_iter)
-    sync = {}
-    for path in ("ingestion", "delivery"):
-        if path in measured:
-            probe = probes[path]
-            n = (
-                base.ingestion_invocations(probe.ingestion.granularity)
-                if path == "ingestion"
-                else base.delivery_invocations(probe.delivery.granularity)
-            )
-            sync[path] = (measured[path] - predict(base, probe).t_iter) / n
-    return replace(base, t_sync_ing=sync.get("ingestion", 0.0), t_sync_del=sync.get("delivery", 0.0))
+    fitted: dict[str, float] = {}
+    for path, field_ in (("ingestion", "ing"), ("delivery", "del")):
+        points = []
+        for name in (path, f"{path}_coarse"):
+            if name in measured:
+                probe = probes[name]
+                if path == "ingestion":
+                    n = base.ingestion_invocations(probe.ingestion.granularity)
+                else:
+                    n = base.delivery_invocations(probe.delivery.granularity)
+                points.append((n, measured[name] - predict(base, probe).t_iter))
+        if len(points) == 1 or (len(points) == 2 and points[0][0] == points[1][0]):
+            fitted[f"t_sync_{field_}"] = points[0][1] / points[0][0]
+        elif len(points) == 2:
+            fitted[f"t_sync_{field_}"], fitted[f"t_sync0_{field_}"] = _fit_line(points)
+    return replace(base, **fitted)
+
+
+def _fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(per_invocation, per_iteration)`` of ``S(n) = a + b·n`` through two probes, both kept ≥ 0.
+
+    A negative part has no physical meaning — it is the noise of one probe
+    extrapolated — so the fit falls back to the other part alone: through the
+    origin by least squares, or a constant (the mean excess) when even that
+    slope is negative.
+    """
+    (n1, e1), (n2, e2) = points
+    b = (e1 - e2) / (n1 - n2)
+    a = e1 - b * n1
+    if a >= 0 and b >= 0:
+        return b, a
+    slope = (n1 * e1 + n2 * e2) / (n1 * n1 + n2 * n2)
+    if a < 0 and slope >= 0:
+        return slope, 0.0
+    return 0.0, (e1 + e2) / 2
 
 
 def calibrate(
@@ -228,15 +270,20 @@ def calibrate(
     costs: Costs,
     settings: ProfileSettings = ProfileSettings(),
     progress: Progress | None = None,
+    g_max: int = 1,
 ) -> tuple[Costs, dict[str, float]]:
-    """Fit ``t_other`` and ``T_sync`` per path from short runs of the synthetic loop."""
+    """Fit ``t_other`` and the sync terms per path from short runs of the synthetic loop."""
     pool = workload.units()
-    probes = probe_schedules(workload.policy, workload.num_minibatches)
-    measured = {}
-    for name, schedule in probes.items():
-        if progress:
-            progress(f"calibrating {schedule}")
-        measured[name] = run_loop(workload, schedule, settings.loop_iterations, settings.loop_warmup, pool=pool).median
+    probes = probe_schedules(workload.policy, workload.num_minibatches, g_max)
+    samples: dict[str, list[float]] = {name: [] for name in probes}
+    names = list(probes)
+    for r in range(max(1, settings.calibration_rounds)):
+        for name in names if r % 2 == 0 else reversed(names):
+            if progress:
+                progress(f"calibrating {probes[name]}")
+            run = run_loop(workload, probes[name], settings.loop_iterations, settings.loop_warmup, pool=pool)
+            samples[name].append(run.median)
+    measured = {name: statistics.median(v) for name, v in samples.items()}
     fitted = fit_sync(costs, measured, probes)
     return fitted, {f"t_iter_{k}": v for k, v in measured.items()} | {"t_other": fitted.t_other}
 
@@ -266,7 +313,7 @@ def profile_workload(
         units_per_iteration=workload.units_per_iteration, num_minibatches=workload.num_minibatches,
         num_epochs=workload.num_epochs,
     )
-    costs, calib = calibrate(workload, costs, settings, progress)
+    costs, calib = calibrate(workload, costs, settings, progress, g_max)
     ranked = rank(costs, feasible_schedules(cfg.policy, cfg.num_minibatches, g_max, g_max))
     top = shortlist(ranked, settings.verify_top)
     verified = verify(workload, top, settings=settings, progress=progress, pool=pool) if len(top) > 1 else {}

@@ -112,12 +112,14 @@ def validate(
     settings: ProfileSettings = ProfileSettings(),
     g_max: int = 4,
     iterations: int = 20,
+    sweep_rounds: int = 2,
     rematch_rounds: int = 5,
     rematch_top: int = 3,
     progress: Callable[[str], None] | None = None,
 ) -> ValidationReport:
-    """Profile each workload, measure every feasible manual schedule of its loop, then re-measure
-    the automatic choice against the sweep's ``rematch_top`` fastest, interleaved, ``rematch_rounds`` times."""
+    """Profile each workload, measure every feasible manual schedule of its loop (``sweep_rounds``
+    interleaved rounds, median), then re-measure the automatic choice against the sweep's
+    ``rematch_top`` fastest, interleaved, ``rematch_rounds`` times."""
     reports = []
     for w in workloads:
         prof = profile_workload(w, settings=settings, g_max=g_max, progress=progress)
@@ -125,11 +127,14 @@ def validate(
         schedules = feasible_schedules(cfg.policy, cfg.num_minibatches, g_max, g_max)
         rep = DimensionReport(w, prof, auto=prof.choice)  # the model's shortlist, verified on the loop
         pool = w.units()
+        sweep: dict[Schedule, list[float]] = {s: [] for s in schedules}
+        for r in range(max(1, sweep_rounds)):  # interleaved rounds, alternating order: a burst hits no config twice
+            for s in schedules if r % 2 == 0 else list(reversed(schedules)):
+                if progress:
+                    progress(f"dim {w.dim}: {s}")
+                sweep[s].append(run_loop(w, s, iterations, max(3, iterations // 5), pool=pool).median)
         for s in schedules:
-            if progress:
-                progress(f"dim {w.dim}: {s}")
-            measured = run_loop(w, s, iterations, max(3, iterations // 5), pool=pool).median
-            rep.rows.append((s, predict(prof.costs, s).t_iter, measured))
+            rep.rows.append((s, predict(prof.costs, s).t_iter, statistics.median(sweep[s])))
         if rematch_rounds and rep.auto is not None:
             contenders = [s for s, _, _ in sorted(rep.rows, key=lambda r: r[2])[:rematch_top]]
             if rep.auto.schedule not in contenders:

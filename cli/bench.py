@@ -305,16 +305,24 @@ def all_(
     trace: Path | None = typer.Option(
         None, "--trace", dir_okay=False, help="Write a Chrome/Perfetto trace of the loop here."
     ),
+    validation: bool = typer.Option(
+        True, "--validation/--no-validation",
+        help="Also validate the cost model (conduit profile --validate --dims 128,1000,5000,10000 --g-max 3).",
+    ),
 ) -> None:
-    """Every benchmark with its defaults: reproduces every table in BENCHMARKS.md."""
+    """Every benchmark with its defaults: reproduces the micro, synthetic and scheduling tables in BENCHMARKS.md."""
+    from conduit.cli.profile import _validate, validation_markdown
+
     _check_plot(plot_dir)
     console = Console(stderr=as_json)
     micro_result = run_micro_cli(console, MicroSettings(), as_json, None)
     synthetic_result = run_synthetic_cli(console, SyntheticSettings(), as_json, trace)
     mtables, ltables = micro_tables(micro_result), loop_tables(synthetic_result)
     _emit(console, mtables + ltables, as_json)
+    doc = _validate(console, {}, [128, 1000, 5000, 10000], 3, as_json) if validation else None
     if markdown is not None:
-        markdown.write_text(markdown_document(micro_result, synthetic_result))
+        text = markdown_document(micro_result, synthetic_result)
+        markdown.write_text(text + ("\n" + validation_markdown(doc) if doc is not None else ""))
         console.print(f"[dim]markdown: {markdown}[/dim]")
     if plot_dir is not None:
         from conduit.bench.plot import plot_micro, plot_synthetic
@@ -324,7 +332,7 @@ def all_(
         plot_synthetic(synthetic_result, plot_dir / "bench_synthetic.png")
         console.print(f"[dim]plots: {plot_dir}/bench_micro.png, {plot_dir}/bench_synthetic.png[/dim]")
     if as_json:
-        _dump({"micro": micro_result.to_json(), "synthetic": synthetic_result.to_json()})
+        _dump({"micro": micro_result.to_json(), "synthetic": synthetic_result.to_json(), "validation": doc})
 
 
 def _dump(doc: dict[str, Any]) -> None:

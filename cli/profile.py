@@ -233,7 +233,8 @@ def _validate(console: Console, fields: dict[str, Any], dims: list[int], g_max: 
     progress = Progress(*columns, console=console, transient=True, disable=quiet)
     with progress as bar:
         task = bar.add_task("validating")
-        rep = validate(workloads, g_max=g_max, progress=lambda m: bar.update(task, description=m))
+        thorough = ProfileSettings(calibration_rounds=3, verify_rounds=3)  # validation may take minutes
+        rep = validate(workloads, settings=thorough, g_max=g_max, progress=lambda m: bar.update(task, description=m))
     rows = []
     for d in rep.dimensions:
         best_s, best = d.best_measured
@@ -263,3 +264,29 @@ def _validate(console: Console, fields: dict[str, Any], dims: list[int], g_max: 
             )
         console.print(t)
     return doc
+
+
+def validation_markdown(doc: dict[str, Any]) -> str:
+    """The validation as BENCHMARKS.md's scheduling table (``conduit bench all`` writes it)."""
+
+    def sched(x: dict[str, Any]) -> str:
+        i, d = x["ingestion"], x["delivery"]
+        return (
+            f"ingestion {'overlap' if i['overlap'] else 'inline'} g={i['granularity']}, "
+            f"delivery {'overlap' if d['overlap'] else 'inline'} g={d['granularity']}"
+        )
+
+    lines = [
+        "## Scheduling: the cost model against measurement\n",
+        f"Pearson r = {doc['pearson_r']:.3f}, MAPE = {doc['mape_pct']:.1f}% over "
+        f"{sum(d['configs'] for d in doc['dimensions'])} configurations.\n",
+        "| dim | configs | best measured | automatic choice (sweep) | auto/best | model's own/best | top-8 overlap |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for d in doc["dimensions"]:
+        lines.append(
+            f"| {d['dim']:,} | {d['configs']} | {sched(d['best_schedule'])}: {d['best_t_iter_s'] * 1e3:.2f} ms | "
+            f"{sched(d['auto_schedule'])}: {d['auto_t_iter_s'] * 1e3:.2f} ms | {d['auto_vs_best']:.3f} | "
+            f"{d['model_vs_best_in_sweep']:.3f} | {d['top8_overlap']:.0%} |"
+        )
+    return "\n".join(lines) + "\n"

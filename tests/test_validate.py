@@ -6,6 +6,7 @@ import json
 
 import pytest
 from conduit.cli.main import app
+from conduit.cli.profile import validation_markdown
 from typer.testing import CliRunner
 
 from conduit.scheduling.profiler import ProfileSettings
@@ -47,3 +48,5 @@ def test_profile_validate_json_carries_the_rows():
     (d,) = v["dimensions"]
     assert len(d["rows"]) == d["configs"] == 16
     assert {"pearson_r", "mape_pct"} <= set(v) and d["auto_vs_best"] >= 1.0
+    table = validation_markdown(v)  # what `conduit bench all` writes into BENCHMARKS.md
+    assert "Pearson r = " in table and table.count("\n| 8 | 16 |") == 1

@@ -218,7 +218,8 @@ def run_workload(
     say = progress or (lambda _m: None)
     auto = auto or FixedStorage("cpu")
     say("profiling")
-    prof = profile_workload(w, settings=ProfileSettings(), g_max=settings.g_max)
+    thorough = ProfileSettings(calibration_rounds=3, verify_rounds=3)  # as `conduit profile --validate` plans
+    prof = profile_workload(w, settings=thorough, g_max=settings.g_max)
     chosen = prof.choice  # the model's shortlist, verified on the loop (as conduit profile plans)
     configs, unavailable = build_configs(w, chosen.schedule, auto_placement)
     pool = w.units()

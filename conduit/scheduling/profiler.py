@@ -64,9 +64,9 @@ class ProfileSettings:
     repeats: int = 7
     loop_iterations: int = 20
     loop_warmup: int = 4
-    calibration_rounds: int = 3  # interleaved rounds of the calibration probes (median): one burst is not a fit
+    calibration_rounds: int = 2  # interleaved rounds of the calibration probes (median): one burst is not a fit
     verify_top: int = 3  # the model's best this many are measured on the loop (0: trust the model)
-    verify_rounds: int = 3
+    verify_rounds: int = 2
     scratch_bytes: int = 256 << 20  # scratch replay buffers hold at most this much
 
 

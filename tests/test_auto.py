@@ -54,7 +54,7 @@ def test_planner_replans_when_the_buffer_migrates():
     edp = Conduit(policy="off_policy", train_batch_size=8, capacity=4096, min_size_to_sample=8, g_max=2, seed=0, spec=spec)
     planner = AutoPlanner(edp, observe=3, probe=3, window=1000)
     with edp:
-        pushed = _loop(edp, 25)
+        pushed = _loop(edp, 40)
         assert planner.phase is Phase.RUN
         _loop(edp, 3, start=pushed, dim=6)  # obs grows: the buffer re-lays out (migrates)
         assert any("migration" in e.reason for e in planner.history)

@@ -43,6 +43,7 @@ from conduit.bench.loop_results import (
     WorkloadResult,
     workloads,
 )
+from conduit.bench.timing import torch_threads
 from conduit.config import ConduitConfig
 from conduit.runtime import Conduit
 from conduit.scheduling.model import predict
@@ -271,10 +272,7 @@ def run_synthetic(
     from conduit.bench.machine import machine_info
 
     t0 = time.perf_counter()
-    previous = torch.get_num_threads()
-    if settings.threads is not None:
-        torch.set_num_threads(settings.threads)
-    try:
+    with torch_threads(settings.threads):
         result = SyntheticResult(settings, machine_info())
         auto, how = auto_storage()
         # without CUDA the planner's only candidate is pageable CPU; with it, the planner decides
@@ -301,7 +299,5 @@ def run_synthetic(
             )
             if progress is not None:
                 progress(i + 1, len(ws), f"{label}: done")
-    finally:
-        torch.set_num_threads(previous)
     result.seconds = time.perf_counter() - t0
     return result

@@ -18,11 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from conduit.bench.machine import machine_info, memcpy_bandwidth
 from conduit.bench.peers import Case, MicroData, Missing, Op, Peer, Role, Sampling, load_peer
-from conduit.bench.timing import Stat, calls_for, interleaved
+from conduit.bench.timing import Stat, calls_for, interleaved, torch_threads
 
 __all__ = ["ALL_PEERS", "CaseResult", "DimResult", "MicroResult", "MicroSettings", "capacity_for", "run_micro"]
 
@@ -268,10 +266,7 @@ def run_micro(
 ) -> MicroResult:
     """The whole micro-benchmark: every dimension, every peer, interleaved repeats."""
     t0 = time.perf_counter()
-    previous = torch.get_num_threads()
-    if settings.threads is not None:
-        torch.set_num_threads(settings.threads)
-    try:
+    with torch_threads(settings.threads):
         result = MicroResult(settings, machine_info())
         result.memcpy_gbps = memcpy_bandwidth() / 1e9
         per_dim = len(settings.peers) + settings.repeats
@@ -280,7 +275,5 @@ def run_micro(
             result.dims.append(
                 run_dim(dim, settings, progress=progress, tracer=tracer if i == 0 else None, step=(i * per_dim, total))
             )
-    finally:
-        torch.set_num_threads(previous)
     result.seconds = time.perf_counter() - t0
     return result

@@ -10,13 +10,16 @@ paused inside a block (a collection is noise, not a property of the peer).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-__all__ = ["Stat", "block_seconds", "calls_for", "interleaved"]
+import torch
+
+__all__ = ["Stat", "block_seconds", "calls_for", "interleaved", "torch_threads"]
 
 #: one timed block: run ``n`` operations (and whatever makes them complete)
 Block = Callable[[int], None]
@@ -100,3 +103,15 @@ def interleaved(
         if on_repeat is not None:
             on_repeat(r)
     return {name: Stat(tuple(v)) for name, v in samples.items()}
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` torch intra-op threads (``None``: leave them), restored afterwards."""
+    previous = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

@@ -47,6 +47,7 @@ __all__ = [
     "ProfileSettings",
     "calibrate",
     "fit_sync",
+    "interleaved_medians",
     "measure_delivery",
     "measure_ingestion",
     "probe_schedules",
@@ -275,15 +276,11 @@ def calibrate(
     """Fit ``t_other`` and the sync terms per path from short runs of the synthetic loop."""
     pool = workload.units()
     probes = probe_schedules(workload.policy, workload.num_minibatches, g_max)
-    samples: dict[str, list[float]] = {name: [] for name in probes}
-    names = list(probes)
-    for r in range(max(1, settings.calibration_rounds)):
-        for name in names if r % 2 == 0 else reversed(names):
-            if progress:
-                progress(f"calibrating {probes[name]}")
-            run = run_loop(workload, probes[name], settings.loop_iterations, settings.loop_warmup, pool=pool)
-            samples[name].append(run.median)
-    measured = {name: statistics.median(v) for name, v in samples.items()}
+    by_schedule = interleaved_medians(
+        workload, list(dict.fromkeys(probes.values())), settings.calibration_rounds, settings.loop_iterations,
+        settings.loop_warmup, pool=pool, progress=progress, label="calibrating ",
+    )
+    measured = {name: by_schedule[s] for name, s in probes.items()}
     fitted = fit_sync(costs, measured, probes)
     return fitted, {f"t_iter_{k}": v for k, v in measured.items()} | {"t_other": fitted.t_other}
 
@@ -333,16 +330,35 @@ def verify(
     progress: Progress | None = None,
     pool: list[dict[str, torch.Tensor]] | None = None,
 ) -> dict[Schedule, float]:
-    """Median ``T_iter`` of each schedule on the real loop, ``verify_rounds`` interleaved rounds.
-
-    The order alternates from round to round so slow drift of the machine
-    (a neighbour's job starting) does not favour whichever runs first.
-    """
+    """Median ``T_iter`` of each schedule on the real loop, ``verify_rounds`` interleaved rounds."""
     pool = workload.units() if pool is None else pool
+    return interleaved_medians(
+        workload, schedules, settings.verify_rounds, settings.loop_iterations, settings.loop_warmup,
+        pool=pool, progress=progress, label="verifying ",
+    )
+
+
+def interleaved_medians(
+    workload: SyntheticWorkload,
+    schedules: Sequence[Schedule],
+    rounds: int,
+    iterations: int,
+    warmup: int,
+    *,
+    pool: list[dict[str, torch.Tensor]],
+    progress: Progress | None = None,
+    label: str = "",
+) -> dict[Schedule, float]:
+    """Median ``T_iter`` of each schedule over ``rounds`` runs of the loop, interleaved.
+
+    The order alternates from round to round, so slow drift of the machine (a
+    neighbour's job starting) does not favour whichever runs first, and one
+    burst of load lands on no schedule twice.
+    """
     samples: dict[Schedule, list[float]] = {s: [] for s in schedules}
-    for r in range(settings.verify_rounds):
+    for r in range(max(1, rounds)):
         for s in schedules if r % 2 == 0 else list(reversed(schedules)):
             if progress:
-                progress(f"verifying {s}")
-            samples[s].append(run_loop(workload, s, settings.loop_iterations, settings.loop_warmup, pool=pool).median)
-    return {s: statistics.median(v) for s, v in samples.items() if v}
+                progress(f"{label}{s}")
+            samples[s].append(run_loop(workload, s, iterations, warmup, pool=pool).median)
+    return {s: statistics.median(v) for s, v in samples.items()}

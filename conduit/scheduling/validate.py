@@ -10,14 +10,13 @@ relative to the best measured configuration (the lower envelope).
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from conduit.scheduling.model import Prediction, predict
-from conduit.scheduling.profiler import ProfileResult, ProfileSettings, profile_workload
+from conduit.scheduling.profiler import ProfileResult, ProfileSettings, interleaved_medians, profile_workload
 from conduit.scheduling.space import Schedule, feasible_schedules
-from conduit.synthetic import SyntheticWorkload, run_loop
+from conduit.synthetic import SyntheticWorkload
 
 __all__ = ["DimensionReport", "ValidationReport", "mape", "pearson", "validate"]
 
@@ -127,24 +126,19 @@ def validate(
         schedules = feasible_schedules(cfg.policy, cfg.num_minibatches, g_max, g_max)
         rep = DimensionReport(w, prof, auto=prof.choice)  # the model's shortlist, verified on the loop
         pool = w.units()
-        sweep: dict[Schedule, list[float]] = {s: [] for s in schedules}
-        for r in range(max(1, sweep_rounds)):  # interleaved rounds, alternating order: a burst hits no config twice
-            for s in schedules if r % 2 == 0 else list(reversed(schedules)):
-                if progress:
-                    progress(f"dim {w.dim}: {s}")
-                sweep[s].append(run_loop(w, s, iterations, max(3, iterations // 5), pool=pool).median)
+        warmup = max(3, iterations // 5)
+        sweep = interleaved_medians(
+            w, schedules, sweep_rounds, iterations, warmup, pool=pool, progress=progress, label=f"dim {w.dim}: "
+        )
         for s in schedules:
-            rep.rows.append((s, predict(prof.costs, s).t_iter, statistics.median(sweep[s])))
+            rep.rows.append((s, predict(prof.costs, s).t_iter, sweep[s]))
         if rematch_rounds and rep.auto is not None:
             contenders = [s for s, _, _ in sorted(rep.rows, key=lambda r: r[2])[:rematch_top]]
             if rep.auto.schedule not in contenders:
                 contenders.append(rep.auto.schedule)
-            samples: dict[Schedule, list[float]] = {s: [] for s in contenders}
-            for r in range(rematch_rounds):
-                for s in contenders if r % 2 == 0 else reversed(contenders):
-                    if progress:
-                        progress(f"dim {w.dim}: re-measuring {s}")
-                    samples[s].append(run_loop(w, s, iterations, max(3, iterations // 5), pool=pool).median)
-            rep.rematch = {s: statistics.median(v) for s, v in samples.items()}
+            rep.rematch = interleaved_medians(
+                w, contenders, rematch_rounds, iterations, warmup, pool=pool, progress=progress,
+                label=f"dim {w.dim}: re-measuring ",
+            )
         reports.append(rep)
     return ValidationReport(reports)

@@ -117,8 +117,13 @@ class ConduitConfig(BaseModel):
         rate_limit: samples-per-insert ratio with a tolerance band (off-policy).
         batch_pool: off-policy: recycle the memory of delivered batches among this many
             buffers per learner (a batch stays valid for ``batch_pool - 1`` further pulls;
-            0, the default, hands out fresh memory every time). Saves allocation and
-            page faults at large batches and keeps the output cache-warm at small ones.
+            0, the default, recycles only memory the learner has dropped, see
+            ``recycle_batches``). Bounds the memory and keeps the output cache-warm.
+        recycle_batches: off-policy, host learners: a pulled batch's memory goes back to a
+            free list once every reference to it (batch, tensor, view, numpy array) is
+            gone, and the next batch is gathered into it — no allocation and no page
+            faults per pull, and nothing alive is ever overwritten. ``False``: fresh
+            memory every pull.
         min_size_to_sample: off-policy rows required before sampling (default: a batch).
         g_max: cap on off-policy granularities (both paths).
         max_staleness: cap on off-policy delivery granularity (batches a prefetched
@@ -147,6 +152,7 @@ class ConduitConfig(BaseModel):
     max_times_sampled: Annotated[int, Field(gt=0)] | None = None
     rate_limit: RateLimit | None = None
     batch_pool: Annotated[int, Field(ge=0)] = 0
+    recycle_batches: bool = True
     min_size_to_sample: Annotated[int, Field(gt=0)] | None = None
     g_max: Annotated[int, Field(gt=0, le=64)] = 4
     max_staleness: Annotated[int, Field(gt=0)] | None = None

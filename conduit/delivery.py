@@ -34,6 +34,7 @@ from conduit.buffer import IterationBuffer, ReplayBuffer
 from conduit.errors import ConduitError, RateLimited
 from conduit.executor import FailureBox, StreamSet, Worker, fail, handoff, hold_still, in_worker, wait_until
 from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, Reader, Writer
+from conduit.memory import BatchMemory
 from conduit.operators import FnOperator, Graph, HookOperator, OperatorKind, Packet
 from conduit.ratelimit import RateLimiter
 from conduit.scheduling.space import Mode
@@ -330,6 +331,7 @@ class ReplayDelivery(DeliveryPath):
         block: bool = True,
         on_sampled: Callable[[], None] | None = None,
         batch_pool: int = 0,
+        recycle_batches: bool = True,
         **kw: object,
     ) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
@@ -337,6 +339,11 @@ class ReplayDelivery(DeliveryPath):
         self.batch_size = batch_size
         self.batch_pool = batch_pool
         self._pools: list[deque[dict[str, torch.Tensor]]] = [deque() for _ in self.devices]
+        # host batches go back to a free list once the learner drops them (conduit.memory); a GPU
+        # learner's batches come from torch's caching allocator, which already recycles them
+        self._memory = [
+            BatchMemory() if recycle_batches and not batch_pool and d.type == "cpu" else None for d in self.devices
+        ]
         self.limiter = limiter
         self.block = block
         self._on_sampled = on_sampled
@@ -438,13 +445,20 @@ class ReplayDelivery(DeliveryPath):
         )
 
     def _recycled(self, learner: int, rows: int) -> dict[str, torch.Tensor] | None:
-        """The oldest of this learner's recycled batch buffers (``batch_pool`` of them, plus room for staging).
+        """Memory for the next batch: released host memory (default), or the ``batch_pool`` ring.
 
-        A batch handed out with recycled memory stays valid for ``batch_pool - 1``
-        further pulls; then its memory receives a new batch. Off by default.
+        Default on the CPU: memory of batches the learner has dropped (``BatchMemory``;
+        nothing alive is ever overwritten). With ``batch_pool``: the oldest of this
+        learner's ``batch_pool`` buffers (plus room for staging) — a batch stays valid
+        for ``batch_pool - 1`` further pulls, then its memory receives a new batch.
         """
         spec = self.buffer.spec
-        if not self.batch_pool or spec is None:
+        if spec is None:
+            return None
+        memory = self._memory[learner]
+        if memory is not None:
+            return memory.take(spec, rows)
+        if not self.batch_pool:
             return None
         ring = self._pools[learner]
         # one buffer per batch: the learner's last ``batch_pool`` batches, plus the

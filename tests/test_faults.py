@@ -65,7 +65,7 @@ def test_a_raising_hook_is_a_hook_failure_with_its_traceback(overlap):
 def test_a_device_error_on_the_transfer_path_is_a_device_failure(overlap, monkeypatch):
     edp = runtime(overlap)
 
-    def cuda_error(self, indices, device=None):  # where a device fault surfaces: the gather/copy kernels
+    def cuda_error(self, indices, device=None, out=None):  # where a device fault surfaces: the gather/copy kernels
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(TensorStorage, "gather", cuda_error)

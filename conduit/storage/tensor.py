@@ -18,7 +18,7 @@ from conduit.executor import in_worker
 from conduit.spec import ExperienceSpec
 from conduit.storage.base import Storage
 
-__all__ = ["TensorStorage", "copy_into", "gather_into", "resolve_device"]
+__all__ = ["TensorStorage", "copy_into", "fits", "gather_into", "resolve_device"]
 
 PINNED = "pinned"
 
@@ -42,6 +42,22 @@ def gather_into(src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torc
     for i in range(0, idx.shape[0], step):
         torch.index_select(src, 0, idx[i : i + step], out=out[i : i + step])
     return out
+
+
+def fits(out: torch.Tensor | None, rows: int, src: torch.Tensor) -> bool:
+    """Whether ``out`` can receive ``rows`` rows of ``src``: offered batch memory can be stale.
+
+    The memory for a batch is picked before the buffer lock is taken, so a
+    migration that widens a field can land in between; such a field then gets
+    fresh memory instead.
+    """
+    return (
+        out is not None
+        and out.shape[0] == rows
+        and out.shape[1:] == src.shape[1:]
+        and out.dtype == src.dtype
+        and out.device == src.device
+    )
 
 
 def copy_into(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> None:
@@ -128,7 +144,11 @@ class TensorStorage(Storage):
     ) -> dict[str, torch.Tensor]:
         idx = indices if indices.device == self.device else indices.to(self.device)
         if out is not None and (device is None or device == self.device):
-            return {name: gather_into(t, idx, out[name]) for name, t in self.tensors.items()}
+            n = idx.shape[0]
+            return {
+                name: gather_into(t, idx, out[name] if fits(out.get(name), n, t) else t.new_empty((n, *t.shape[1:])))
+                for name, t in self.tensors.items()
+            }
         if device is not None and device.type == "cuda" and self.device.type == "cpu":
             # host rows bound for a GPU: gather into pinned memory so the copy is a real async DMA
             # (the caching host allocator keeps the block until the copy's stream is done with it)

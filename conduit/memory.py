@@ -1,0 +1,92 @@
+"""Host memory for delivered batches, recycled once the learner has let go of it.
+
+A learner pulls a batch, reads it (often copying it to its device) and drops it.
+Handing out fresh memory every pull costs more than the gather itself at large
+batches: a 4–40 MB allocation is served by ``mmap`` and every page is faulted in
+and zeroed on first touch, then unmapped again when the batch dies. Reusing the
+memory of a batch the learner has *already dropped* removes that cost without
+changing what the learner may do with a batch: nothing is ever overwritten while
+any reference to it — the batch, one of its tensors, a view, a numpy array made
+from it — is alive.
+
+How a release is detected, with public APIs only: each field of a batch is a
+view of ``torch.from_numpy`` over a numpy view of that field's backing block.
+torch keeps the numpy view alive for as long as any tensor shares its storage;
+when the last one dies the view dies, and a ``weakref.finalize`` on it puts the
+block back on the field's free list. The callback may run on any thread (wherever
+the last reference was dropped); it only appends to a deque. Fields have blocks
+of their own (not slices of one block) so a batch stays an ordinary set of
+tensors: ``torch.save`` refuses tensors of different dtypes sharing a storage.
+
+This is the default for off-policy batches on the CPU. ``batch_pool`` (an explicit
+ring that overwrites a batch ``batch_pool`` pulls later, dropped or not) stays for
+learners that want the memory bounded.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+
+import numpy as np
+import torch
+
+from conduit.spec import ExperienceSpec
+
+__all__ = ["BatchMemory"]
+
+
+class _Field:
+    """One field's free list of ``nbytes`` blocks."""
+
+    def __init__(self, name: str, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int, keep: int) -> None:
+        self.name, self.dtype, self.shape, self.nbytes, self.keep = name, dtype, shape, nbytes, keep
+        self.free: deque[np.ndarray] = deque()
+
+    def release(self, block: np.ndarray) -> None:
+        if len(self.free) < self.keep:
+            self.free.append(block)
+
+
+class BatchMemory:
+    """Free lists of host memory for one learner's batches.
+
+    ``take()`` returns a dict of field tensors (contents undefined) for one
+    batch: recycled memory where a previous batch's field has been dropped, else
+    a new block. At most ``keep`` free blocks per field are held; more released
+    blocks are simply freed.
+    """
+
+    def __init__(self, keep: int = 4) -> None:
+        if keep < 1:
+            raise ValueError(f"keep={keep}: hold at least one free block")
+        self.keep = keep
+        self._key: tuple[object, int] | None = None
+        self._fields: list[_Field] = []
+        self.allocated = 0  # blocks created (a measure of how well recycling works)
+        self.recycled = 0  # blocks served again after a release
+
+    def take(self, spec: ExperienceSpec, rows: int) -> dict[str, torch.Tensor]:
+        if self._key != (spec, rows):
+            # another layout: the old free lists go, their blocks are freed with their last reference
+            self._key = (spec, rows)
+            self._fields = [
+                _Field(f.name, f.dtype, (rows, *f.shape), rows * f.bytes_per_sample, self.keep) for f in spec
+            ]
+        out = {}
+        for field in self._fields:
+            try:
+                block = field.free.pop()
+                self.recycled += 1
+            except IndexError:
+                block = np.empty(field.nbytes, dtype=np.uint8)
+                self.allocated += 1
+            view = block[:]
+            weakref.finalize(view, field.release, block)
+            out[field.name] = torch.from_numpy(view).view(field.dtype).view(field.shape)
+        return out
+
+    @property
+    def free(self) -> int:
+        """Free blocks of the field with the fewest."""
+        return min((len(f.free) for f in self._fields), default=0)

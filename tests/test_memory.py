@@ -1,0 +1,153 @@
+"""Recycled batch memory (conduit.memory): reused once dropped, never overwritten while alive."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conduit import Conduit
+from conduit.memory import BatchMemory
+from conduit.scheduling.space import Mode, Schedule
+from conduit.spec import ExperienceSpec
+
+SPEC = ExperienceSpec.of(obs=((6,), "float32"), action=((), "int64"), done=((), "bool"), r=((2,), "bfloat16"))
+
+
+def units(n: int, start: int = 0) -> dict[str, torch.Tensor]:
+    base = torch.arange(start, start + n)
+    return {
+        "obs": base[:, None].float().expand(n, 6).contiguous(),
+        "action": base,
+        "done": base % 3 == 0,
+        "r": base[:, None].to(torch.bfloat16).expand(n, 2).contiguous(),
+    }
+
+
+def runtime(**kw: object) -> Conduit:
+    edp = Conduit(policy="off_policy", train_batch_size=8, capacity=64, rollout_unit_size=16, seed=0, **kw).start()
+    for k in range(4):
+        edp.push(units(16, 16 * k))
+    edp.flush()
+    return edp
+
+
+def ptrs(batch) -> dict[str, int]:
+    return {k: batch[k].data_ptr() for k in ("obs", "action", "done", "r")}
+
+
+def test_memory_of_a_dropped_batch_is_reused_and_allocation_stays_bounded():
+    with runtime() as edp:
+        first = ptrs(edp.pull())  # dropped at once
+        again = ptrs(edp.pull())
+        assert again == first
+        for _ in range(50):
+            edp.pull()
+        memory = edp.delivery._memory[0]
+        assert memory.allocated <= 2 * len(SPEC.fields)  # one batch's blocks (two while one is held)
+        assert memory.recycled >= 50 * len(SPEC.fields)
+
+
+@pytest.mark.parametrize("keep", ["batch", "tensor", "view", "numpy"])
+def test_nothing_alive_is_ever_overwritten(keep):
+    with runtime() as edp:
+        batch = edp.pull()
+        expected = {k: v.clone() for k, v in batch.items()}
+        held = {
+            "batch": batch,
+            "tensor": batch["obs"],
+            "view": batch["obs"][2:5, 1:],
+            "numpy": batch["obs"].numpy(),
+        }[keep]
+        del batch
+        for _ in range(20):
+            edp.pull()
+        if keep == "batch":
+            assert all(torch.equal(held[k], expected[k]) for k in expected)
+        elif keep == "numpy":
+            assert np.array_equal(held, expected["obs"].numpy())
+        elif keep == "view":
+            assert torch.equal(held, expected["obs"][2:5, 1:])
+        else:
+            assert torch.equal(held, expected["obs"])
+        still = id(held)
+        del held
+        assert still  # the memory goes back to the free list with the last reference
+        assert edp.delivery._memory[0].free >= 1
+
+
+def test_a_recycled_batch_is_an_ordinary_set_of_tensors():
+    with runtime() as edp:
+        edp.pull()
+        batch = edp.pull()  # recycled memory
+        buf = io.BytesIO()
+        torch.save(dict(batch), buf)  # fields do not share a storage under different dtypes
+        buf.seek(0)
+        loaded = torch.load(buf)
+        assert all(torch.equal(loaded[k], batch[k]) for k in loaded)
+        assert batch["done"].dtype == torch.bool and batch["r"].dtype == torch.bfloat16
+        assert batch["obs"].is_contiguous() and batch["obs"].shape == (8, 6)
+
+
+def test_a_batch_dropped_on_another_thread_comes_back():
+    with runtime() as edp:
+        batch = edp.pull()
+        before = ptrs(batch)
+        box = [batch]
+        del batch
+        t = threading.Thread(target=box.clear)
+        t.start()
+        t.join()
+        assert ptrs(edp.pull()) == before
+
+
+def test_recycling_off_and_batch_pool_use_their_own_memory():
+    with runtime(recycle_batches=False) as edp:
+        assert edp.delivery._memory == [None]
+        edp.pull()
+    with runtime(batch_pool=2) as edp:
+        assert edp.delivery._memory == [None]  # the explicit ring decides
+        a = ptrs(edp.pull())
+        edp.pull()
+        assert ptrs(edp.pull()) == a  # overwritten two pulls later, by contract
+
+
+def test_overlapped_granular_delivery_recycles_too():
+    with runtime(schedule=Schedule(Mode(False, 1), Mode(True, 3))) as edp:
+        for _ in range(30):
+            edp.pull()
+        memory = edp.delivery._memory[0]
+        assert memory.recycled > memory.allocated
+
+
+def test_another_layout_starts_new_free_lists():
+    memory = BatchMemory(keep=2)
+    a = memory.take(SPEC, 4)
+    del a
+    b = memory.take(SPEC, 4)
+    assert memory.recycled == len(SPEC.fields)
+    c = memory.take(SPEC, 5)
+    assert c["obs"].shape == (5, 6) and b["obs"].shape == (4, 6)
+    with pytest.raises(ValueError, match="keep=0"):
+        BatchMemory(keep=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 7)), min_size=1, max_size=40))
+def test_held_batches_keep_their_contents_under_any_pull_and_drop_order(ops):
+    """Pull (True) or drop the k-th held batch (False): every held batch stays exactly as delivered."""
+    with runtime() as edp:
+        held: list[tuple[object, dict[str, torch.Tensor]]] = []
+        for pull, k in ops:
+            if pull:
+                b = edp.pull()
+                held.append((b, {n: v.clone() for n, v in b.items()}))
+            elif held:
+                held.pop(k % len(held))
+            for b, copy in held:
+                assert all(torch.equal(b[n], copy[n]) for n in copy)

@@ -458,11 +458,19 @@ class IterationBuffer:
                 return self.iterations[self.consumed]
             return None
 
-    def gather(self, it: Iteration, rows: np.ndarray, device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    def gather(
+        self,
+        it: Iteration,
+        rows: np.ndarray,
+        device: torch.device | None = None,
+        out: Mapping[str, torch.Tensor] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Rows of ``it`` (into ``out`` when given: recycled batch memory)."""
         with self.lock:
             if self._order is not None:
                 self._order.before_read()
-            out = it.storage.gather(torch.from_numpy(rows), device)
+            idx = torch.from_numpy(rows)
+            out = it.storage.gather(idx, device) if out is None else it.storage.gather(idx, device, out)
             if self._order is not None:
                 self._order.after_read()
             return out

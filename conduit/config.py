@@ -119,7 +119,7 @@ class ConduitConfig(BaseModel):
             buffers per learner (a batch stays valid for ``batch_pool - 1`` further pulls;
             0, the default, recycles only memory the learner has dropped, see
             ``recycle_batches``). Bounds the memory and keeps the output cache-warm.
-        recycle_batches: off-policy, host learners: a pulled batch's memory goes back to a
+        recycle_batches: host learners (both policies): a pulled batch's memory goes back to a
             free list once every reference to it (batch, tensor, view, numpy array) is
             gone, and the next batch is gathered into it — no allocation and no page
             faults per pull, and nothing alive is ever overwritten. ``False``: fresh

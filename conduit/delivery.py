@@ -72,11 +72,15 @@ class DeliveryPath(ABC):
         failure: FailureBox,
         timeout: float,
         learner_devices: Sequence[torch.device],
+        recycle_batches: bool = True,
     ) -> None:
         self.mode = mode
         self.failure = failure
         self.timeout = timeout
         self.devices = list(learner_devices)
+        # host batches go back to a free list once the learner drops them (conduit.memory); a GPU
+        # learner's batches come from torch's caching allocator, which already recycles them
+        self._memory = [BatchMemory() if recycle_batches and d.type == "cpu" else None for d in self.devices]
         self.num_learners = len(self.devices)
         self.cond = threading.Condition()
         self.staged: list[deque[_Staged]] = [deque() for _ in self.devices]
@@ -331,7 +335,6 @@ class ReplayDelivery(DeliveryPath):
         block: bool = True,
         on_sampled: Callable[[], None] | None = None,
         batch_pool: int = 0,
-        recycle_batches: bool = True,
         **kw: object,
     ) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
@@ -339,11 +342,8 @@ class ReplayDelivery(DeliveryPath):
         self.batch_size = batch_size
         self.batch_pool = batch_pool
         self._pools: list[deque[dict[str, torch.Tensor]]] = [deque() for _ in self.devices]
-        # host batches go back to a free list once the learner drops them (conduit.memory); a GPU
-        # learner's batches come from torch's caching allocator, which already recycles them
-        self._memory = [
-            BatchMemory() if recycle_batches and not batch_pool and d.type == "cpu" else None for d in self.devices
-        ]
+        if batch_pool:  # the explicit ring decides
+            self._memory = [None] * len(self.devices)
         self.limiter = limiter
         self.block = block
         self._on_sampled = on_sampled
@@ -554,7 +554,12 @@ class MinibatchDelivery(DeliveryPath):
         m = self.buffer.num_minibatches
         learner = meta["learner"]
         rows = [it.plan[p // m][p % m][learner] for p in meta["positions"]]
-        packet.parts = [self.buffer.gather(it, r) for r in rows]  # per mini-batch: no epoch-sized allocation
+        memory, spec = self._memory[learner], self.buffer.spec
+        # per mini-batch: no epoch-sized allocation; into released memory where there is some
+        packet.parts = [
+            self.buffer.gather(it, r, out=None if memory is None or spec is None else memory.take(spec, len(r)))
+            for r in rows
+        ]
         ids = it.id_array()
         meta.update(rows=rows, sizes=[len(r) for r in rows], ids=[ids[r] for r in rows], version=self.buffer.inserted)
         return packet

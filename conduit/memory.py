@@ -18,7 +18,7 @@ the last reference was dropped); it only appends to a deque. Fields have blocks
 of their own (not slices of one block) so a batch stays an ordinary set of
 tensors: ``torch.save`` refuses tensors of different dtypes sharing a storage.
 
-This is the default for off-policy batches on the CPU. ``batch_pool`` (an explicit
+This is the default for batches on the CPU (off-policy batches, on-policy mini-batches). ``batch_pool`` (an explicit
 ring that overwrites a batch ``batch_pool`` pulls later, dropped or not) stays for
 learners that want the memory bounded.
 """
@@ -57,24 +57,35 @@ class BatchMemory:
     blocks are simply freed.
     """
 
-    def __init__(self, keep: int = 4) -> None:
+    def __init__(self, keep: int = 4, layouts: int = 4) -> None:
         if keep < 1:
             raise ValueError(f"keep={keep}: hold at least one free block")
         self.keep = keep
-        self._key: tuple[object, int] | None = None
+        self.layouts = max(1, layouts)
+        # (spec, rows, per-field free lists) of a few batch shapes (on-policy's last mini-batch
+        # may be shorter), least recently used first
+        self._shapes: list[tuple[ExperienceSpec, int, list[_Field]]] = []
         self._fields: list[_Field] = []
         self.allocated = 0  # blocks created (a measure of how well recycling works)
         self.recycled = 0  # blocks served again after a release
 
     def take(self, spec: ExperienceSpec, rows: int) -> dict[str, torch.Tensor]:
-        if self._key != (spec, rows):
-            # another layout: the old free lists go, their blocks are freed with their last reference
-            self._key = (spec, rows)
-            self._fields = [
-                _Field(f.name, f.dtype, (rows, *f.shape), rows * f.bytes_per_sample, self.keep) for f in spec
-            ]
+        shapes = self._shapes
+        last = shapes[-1] if shapes else None
+        if last is not None and last[1] == rows and last[0] is spec:  # the common case: same shape as last time
+            fields = last[2]
+        else:
+            hit = next((i for i, (sp, r, _) in enumerate(shapes) if r == rows and sp == spec), None)
+            if hit is None:
+                fields = [_Field(f.name, f.dtype, (rows, *f.shape), rows * f.bytes_per_sample, self.keep) for f in spec]
+                if len(shapes) >= self.layouts:  # its blocks are freed with their last reference
+                    shapes.pop(0)
+            else:
+                fields = shapes.pop(hit)[2]
+            shapes.append((spec, rows, fields))  # most recently used last
+        self._fields = fields
         out = {}
-        for field in self._fields:
+        for field in fields:
             try:
                 block = field.free.pop()
                 self.recycled += 1
@@ -88,5 +99,5 @@ class BatchMemory:
 
     @property
     def free(self) -> int:
-        """Free blocks of the field with the fewest."""
+        """Free blocks of the field with the fewest (of the batch shape taken last)."""
         return min((len(f.free) for f in self._fields), default=0)

@@ -197,8 +197,8 @@ class Conduit:
                 limiter = self._make_limiter()
                 self.delivery = ReplayDelivery(
                     buffer=self.buffer, batch_size=cfg.train_batch_size, limiter=limiter, block=block,
-                    on_sampled=self._notify_ingestion, batch_pool=cfg.batch_pool, recycle_batches=cfg.recycle_batches,
-                    mode=self.schedule.delivery,
+                    on_sampled=self._notify_ingestion, batch_pool=cfg.batch_pool,
+                    recycle_batches=cfg.recycle_batches, mode=self.schedule.delivery,
                     hook=self._hook(HookKind.DELIVERY), learner_devices=devices, **common,
                 )
             else:
@@ -209,7 +209,7 @@ class Conduit:
                 )
                 self.delivery = MinibatchDelivery(
                     buffer=self.buffer, mode=self.schedule.delivery, hook=self._hook(HookKind.DELIVERY),
-                    learner_devices=devices, **common,
+                    learner_devices=devices, recycle_batches=cfg.recycle_batches, **common,
                 )
             self.ingestion = IngestionPath(
                 mode=self.schedule.ingestion, buffer=self.buffer, hook=self._hook(HookKind.INGESTION),

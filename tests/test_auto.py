@@ -7,6 +7,7 @@ import torch
 from conduit import Conduit, ExperienceSpec, FieldSpec
 from conduit.scheduling.auto import AutoPlanner, Phase
 from conduit.scheduling.model import rank
+from conduit.scheduling.profiler import shortlist
 from conduit.scheduling.space import feasible_schedules, is_feasible_mode
 from conduit.synthetic import Burner, CostKind
 from tests.helpers import transitions
@@ -31,7 +32,7 @@ def test_planner_profiles_probes_and_settles_on_a_feasible_minimum():
     edp = Conduit(policy="off_policy", train_batch_size=8, capacity=4096, min_size_to_sample=8, g_max=3, seed=0)
     planner = AutoPlanner(edp, observe=4, probe=4, window=1000)
     with edp:
-        pushed = _loop(edp, 40)
+        pushed = _loop(edp, 60)  # observe, probes, then up to six verified schedules
         assert planner.phase is Phase.RUN
         event = planner.history[-1]
         assert event.reason == "planned" and edp.schedule == event.schedule
@@ -39,8 +40,10 @@ def test_planner_profiles_probes_and_settles_on_a_feasible_minimum():
         assert costs.t_rollout > 0 and costs.t_update > 0
         assert set(costs.t_ing) == set(edp.config.ingestion_space) and set(costs.t_del) == set(edp.config.delivery_space)
         schedules = feasible_schedules(edp.config.policy, 1, 3, 3)
-        by_model = [p.schedule for p in rank(costs, schedules)]  # ties broken as the planner breaks them
-        assert set(planner.verified) == set(by_model[:3])  # the model's shortlist, each measured live
+        ranked = rank(costs, schedules)  # ties broken as the planner breaks them
+        assert set(planner.verified) == set(shortlist(ranked, 3))  # the model's shortlist, each measured live
+        families = {(s.ingestion.overlap, s.delivery.overlap) for s in planner.verified}
+        assert len(families) == 4  # off-policy: every overlap family has a verified representative
         assert event.prediction.schedule == min(planner.verified, key=planner.verified.get)  # fastest measured
         edp.flush()
         assert sorted(edp.buffer.contents()["tid"].tolist()) == list(range(pushed))

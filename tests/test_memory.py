@@ -125,6 +125,26 @@ def test_overlapped_granular_delivery_recycles_too():
         assert memory.recycled > memory.allocated
 
 
+def test_on_policy_minibatches_recycle_and_keep_held_ones_intact():
+    edp = Conduit(
+        policy="on_policy", train_batch_size=32, rollout_unit_size=16, num_minibatches=4, num_epochs=2, seed=0
+    ).start()
+    with edp:
+        held = []
+        for it in range(4):
+            edp.push(units(16, 32 * it))
+            edp.push(units(16, 32 * it + 16))
+            for k in range(8):
+                b = edp.pull()
+                assert b.info.iteration == it
+                if k == 0:
+                    held.append((b, {n: v.clone() for n, v in b.items()}))
+        for b, copy in held:
+            assert all(torch.equal(b[n], copy[n]) for n in copy)
+        memory = edp.delivery._memory[0]
+        assert memory.recycled > memory.allocated
+
+
 def test_another_layout_starts_new_free_lists():
     memory = BatchMemory(keep=2)
     a = memory.take(SPEC, 4)
@@ -133,6 +153,9 @@ def test_another_layout_starts_new_free_lists():
     assert memory.recycled == len(SPEC.fields)
     c = memory.take(SPEC, 5)
     assert c["obs"].shape == (5, 6) and b["obs"].shape == (4, 6)
+    del b, c
+    memory.take(SPEC, 4)  # a few shapes are kept side by side (on-policy's last mini-batch may be shorter)
+    assert memory.recycled == 2 * len(SPEC.fields)
     with pytest.raises(ValueError, match="keep=0"):
         BatchMemory(keep=0)
 

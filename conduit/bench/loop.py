@@ -6,8 +6,9 @@ profiled once and Conduit's plan is chosen as ``conduit profile`` chooses it
 actor/learner loop (:func:`conduit.synthetic.run_loop`) in interleaved repeats:
 
 - **inline** — an RLlib-style buffer: ingest right after rollout, sample right
-  before update, pageable CPU (``inline g=1`` on both paths);
-- **Reverb-style** — request-driven, pageable CPU: inline ``g=1`` with one
+  before update, pageable CPU (``inline g=1`` on both paths), a fresh batch
+  per sample (RLlib's buffers concatenate into new arrays);
+- **Reverb-style** — request-driven, pageable CPU, fresh batches: inline ``g=1`` with one
   extra copy of every inserted unit and every sampled batch (the serialize /
   deserialize hop of a buffer server). A lower bound: real Reverb adds gRPC
   and protobuf time on top (30-50 ms per sample on this class of machine,
@@ -96,8 +97,10 @@ def build_configs(
     one = Mode(False, 1)
     inline = Schedule(one, one)
     run = [
-        LoopConfig("inline (RLlib-style)", "inline", "cpu", inline),
-        LoopConfig("Reverb-style (request-driven, +copy hop)", "reverb", "cpu", inline, copy_hop=True),
+        LoopConfig("inline (RLlib-style)", "inline", "cpu", inline, fresh_batches=True),
+        LoopConfig(
+            "Reverb-style (request-driven, +copy hop)", "reverb", "cpu", inline, copy_hop=True, fresh_batches=True
+        ),
     ]
     unavailable = []
     if torch.cuda.is_available():
@@ -170,7 +173,10 @@ def runtime_factory(
     learner = "cuda:0" if torch.cuda.is_available() else "cpu"
 
     def make(cfg: ConduitConfig, schedule: Schedule) -> Conduit:
-        cfg = cfg.model_copy(update={"learner_device": learner})
+        update: dict[str, Any] = {"learner_device": learner}
+        if c.fresh_batches:
+            update["recycle_batches"] = False
+        cfg = cfg.model_copy(update=update)
         storage = auto if c.auto_placement else FixedStorage(c.placement)
         edp = Conduit(cfg, schedule=schedule, storage=storage, tracer=tracer or Tracer(enabled=False))
         if c.copy_hop:

@@ -77,6 +77,7 @@ class LoopConfig:
     schedule: Schedule
     copy_hop: bool = False
     auto_placement: bool = False
+    fresh_batches: bool = False  # a fresh batch per sample, as RLlib's and Reverb's buffers hand out
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,10 @@ the last mini-batch of an iteration on-policy), in the caller's thread:
    then ``probe`` live iterations each of all-inline and of each path overlapped,
    which fit ``t_other`` and ``T_sync`` (:func:`~conduit.scheduling.profiler.fit_sync`).
 3. **verify** — Eq. 2 ranks every feasible schedule; the model's ``verify``
-   best (those not measured already as probes) run ``probe`` live iterations
-   each, and the fastest measured becomes the plan: the model prunes dozens of
-   candidates, measurement settles the few within its error.
+   best and its best of each overlap family (``profiler.shortlist``; those not
+   measured already as probes) run ``probe`` live iterations each, and the
+   fastest measured becomes the plan: the model prunes dozens of candidates,
+   measurement settles the few within its error.
 4. **run** — the runtime is rescheduled to the plan. The planner re-plans when the buffer migrated (the per-sample
    size changed) or the measured iteration time drifts from the prediction by
    more than ``drift`` over a whole window.
@@ -57,6 +58,7 @@ from conduit.scheduling.profiler import (
     measure_delivery,
     measure_ingestion,
     probe_schedules,
+    shortlist,
 )
 from conduit.scheduling.space import Policy, Schedule, feasible_schedules
 from conduit.storage.policy import FixedStorage
@@ -229,7 +231,7 @@ class AutoPlanner:
             cfg.policy, cfg.num_minibatches, int(max(cfg.ingestion_space)), int(max(cfg.delivery_space))
         )
         self._ranked = rank(self.costs, schedules)
-        top = [p.schedule for p in self._ranked[: max(1, self.verify_n)]]
+        top = shortlist(self._ranked, max(1, self.verify_n))
         probed = {s: self._measured[name] for name, s in self._probes.items() if name in self._measured}
         self.verified = {s: probed[s] for s in top if s in probed}  # already measured live as a probe
         self._verify_queue = [s for s in top if s not in self.verified] if len(top) > 1 else []

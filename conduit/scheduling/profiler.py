@@ -317,9 +317,27 @@ def profile_workload(
     return ProfileResult(costs, calib, time.perf_counter() - t0, ranked, verified)
 
 
-def shortlist(ranked: Sequence[Prediction], top: int) -> list[Schedule]:
-    """The model's ``top`` best schedules (pure; ``ranked`` best first)."""
-    return [p.schedule for p in ranked[: max(0, top)]]
+def shortlist(ranked: Sequence[Prediction], top: int, families: bool = True) -> list[Schedule]:
+    """The schedules to measure on the loop (pure; ``ranked`` best first).
+
+    The model's ``top`` best, then — with ``families`` — the model's best of each
+    overlap family (ingestion × delivery, inline or overlapped) not yet among
+    them. The top of a ranking tends to be one family at neighbouring
+    granularities, and where the model errs it errs about a whole family (the
+    cost of overlapping a path on this machine), so one verified representative
+    per family is what protects the plan from the model's largest mistakes.
+    """
+    if top <= 0:
+        return []
+    out = [p.schedule for p in ranked[:top]]
+    if families:
+        seen = {(s.ingestion.overlap, s.delivery.overlap) for s in out}
+        for p in ranked[top:]:
+            family = (p.schedule.ingestion.overlap, p.schedule.delivery.overlap)
+            if family not in seen:
+                seen.add(family)
+                out.append(p.schedule)
+    return out
 
 
 def verify(

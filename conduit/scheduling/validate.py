@@ -111,7 +111,7 @@ def validate(
     settings: ProfileSettings = ProfileSettings(),
     g_max: int = 4,
     iterations: int = 20,
-    sweep_rounds: int = 2,
+    sweep_rounds: int = 3,
     rematch_rounds: int = 5,
     rematch_top: int = 3,
     progress: Callable[[str], None] | None = None,

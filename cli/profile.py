@@ -167,6 +167,8 @@ def _costs_json(c: Costs) -> dict[str, Any]:
         "t_sync_del_s": c.t_sync_del,
         "t_sync0_ing_s": c.t_sync0_ing,
         "t_sync0_del_s": c.t_sync0_del,
+        "s_ing_s": {str(g): v for g, v in c.s_ing.items()},
+        "s_del_s": {str(g): v for g, v in c.s_del.items()},
         "t_other_s": c.t_other,
     }
 
@@ -193,6 +195,9 @@ def _print_profile(console, label, w, costs, ranked, chosen, baseline, measured,
         t.add_row(f"T_del(g={g})", _ms(v), _ms(costs.per_iteration_del(g)))
     t.add_row("T_sync ingestion (fitted)", _ms(costs.t_sync_ing), _ms(costs.t_sync0_ing))
     t.add_row("T_sync delivery (fitted)", _ms(costs.t_sync_del), _ms(costs.t_sync0_del))
+    for path, measured_s in (("ingestion", costs.s_ing), ("delivery", costs.s_del)):
+        for g, v in sorted(measured_s.items()):
+            t.add_row(f"overlap cost, {path} g={g} (probed)", "", _ms(v))
     console.print(t)
 
     r = Table(title="Candidate schedules, best first (model)")

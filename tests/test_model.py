@@ -149,3 +149,33 @@ def test_fit_sync_never_returns_a_negative_part_from_two_noisy_probes(e_fine, e_
     assert fitted.t_sync0_del >= 0 or fitted.t_sync_del == 0  # a negative constant only when no slope fits
     if e_fine >= 0 and e_coarse >= 0:  # overlap measured costly at both points: predicted costly everywhere
         assert all(fitted.sync_del(Fraction(g)) >= 0 for g in range(1, g_max + 1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(workloads(), st.floats(0, 5e-3), st.data())
+def test_probing_every_granularity_predicts_every_schedule_of_a_nonlinear_overlap_cost(w, t_other, data) -> None:
+    """Overlap costs arbitrary per granularity (not a line in n(g)): with a probe at every overlapped
+    granularity, the fit reproduces the truth at every feasible schedule."""
+    costs, gi, gd = w
+    g_max = min(gi, gd)
+    s_ing = {g: data.draw(sync) for g in costs.t_ing}
+    s_del = {g: data.draw(sync) for g in costs.t_del}
+    truth = Costs(**{**costs.__dict__, "t_other": t_other, "s_ing": s_ing, "s_del": s_del})
+    probes = probe_schedules(costs.policy, costs.num_minibatches, g_max, every=True)
+    feasible = feasible_schedules(costs.policy, costs.num_minibatches, g_max, g_max)
+    assert set(probes.values()) <= set(feasible)
+    one = Mode(False, Fraction(1))
+    for s in feasible:  # every overlapped mode of one path (the other inline g=1) is probed
+        if s.ingestion.overlap != s.delivery.overlap and one in (s.ingestion, s.delivery):
+            assert s in probes.values()
+    measured = {name: predict(truth, s).t_iter for name, s in probes.items()}
+    fitted = fit_sync(costs, measured, probes)
+    for s in feasible:
+        assert predict(fitted, s).t_iter == pytest.approx(predict(truth, s).t_iter, abs=1e-9)
+
+
+def test_a_probed_granularity_overrides_the_line() -> None:
+    t = {Fraction(g): 1e-3 for g in (1, 2, 3)}
+    costs = Costs(Policy.OFF_POLICY, 2e-3, 8e-3, t, t, t_sync_del=3e-3, s_del={Fraction(2): 7e-3})
+    assert costs.sync_del(Fraction(2)) == 7e-3  # measured there
+    assert costs.sync_del(Fraction(3)) == pytest.approx(1e-3)  # the line elsewhere

@@ -23,7 +23,12 @@ measured on the 2-core CI machine at dimension 1,000, overlapped delivery cost
 2.4 ms per iteration at ``g = 1`` and under 1 ms at ``g = 3`` — and a part paid
 per iteration whatever the granularity (``T_sync0``). The
 profiler calibrates it from measured overlapped runs, so the optimizer chooses
-no overlap where overlap does not pay.
+no overlap where overlap does not pay. Where the profiler probed a path
+overlapped at a granularity, that measurement is used as it is (``s_ing`` /
+``s_del``): on two busy cores the cost is far from linear in ``g`` (measured at
+dimension 10,000: overlapped delivery at ``g = 2`` cost more per iteration than
+at ``g = 1`` and at ``g = 3``), and the line serves only the granularities left
+unprobed.
 """
 
 from __future__ import annotations
@@ -52,6 +57,9 @@ class Costs:
         t_ing / t_del: wall time of ONE invocation at each granularity.
         t_sync_ing / t_sync_del: cost of overlapping a path, per invocation.
         t_sync0_ing / t_sync0_del: cost of overlapping a path, per iteration (any granularity).
+        s_ing / s_del: the per-iteration cost of overlapping a path, measured at each
+            probed granularity; where present it replaces the line
+            ``T_sync0 + n(g)·T_sync`` (costs on a busy CPU are not linear in ``g``).
         t_other: per-iteration time outside every term (the loop's own bookkeeping);
             the same for every schedule, so it never changes the choice.
         units_per_iteration: on-policy rollout units per iteration (``U``).
@@ -72,6 +80,8 @@ class Costs:
     num_minibatches: int = 1
     num_epochs: int = 1
     notes: Mapping[str, float] = field(default_factory=dict)
+    s_ing: Mapping[Fraction, float] = field(default_factory=dict)
+    s_del: Mapping[Fraction, float] = field(default_factory=dict)
 
     def ingestion_invocations(self, g: Fraction) -> float:
         """Invocations per iteration at ingestion granularity ``g``."""
@@ -94,10 +104,14 @@ class Costs:
 
     def sync_ing(self, g: Fraction) -> float:
         """Per-iteration cost of overlapping ingestion at ``g``."""
+        if g in self.s_ing:
+            return self.s_ing[g]
         return self.t_sync0_ing + self.t_sync_ing * self.ingestion_invocations(g)
 
     def sync_del(self, g: Fraction) -> float:
         """Per-iteration cost of overlapping delivery at ``g``."""
+        if g in self.s_del:
+            return self.s_del[g]
         return self.t_sync0_del + self.t_sync_del * self.delivery_invocations(g)
 
 

@@ -38,7 +38,7 @@ from conduit.config import ConduitConfig
 from conduit.hooks import HookRegistry
 from conduit.runtime import Conduit
 from conduit.scheduling.model import Costs, Prediction, predict, rank
-from conduit.scheduling.space import Mode, Policy, Schedule, feasible_schedules
+from conduit.scheduling.space import Mode, Policy, Schedule, delivery_space, feasible_schedules, ingestion_space
 from conduit.storage.policy import StoragePolicy
 from conduit.synthetic import SyntheticWorkload, run_loop, standalone_costs
 
@@ -68,6 +68,7 @@ class ProfileSettings:
     calibration_rounds: int = 2  # interleaved rounds of the calibration probes (median): one burst is not a fit
     verify_top: int = 3  # the model's best this many are measured on the loop (0: trust the model)
     verify_rounds: int = 2
+    probe_every_granularity: bool = True  # calibrate overlap at every granularity, not only the finest and coarsest
     scratch_bytes: int = 256 << 20  # scratch replay buffers hold at most this much
 
 
@@ -193,13 +194,17 @@ def _copy(registry: HookRegistry | None) -> HookRegistry | None:
     return fresh
 
 
-def probe_schedules(policy: Policy, num_minibatches: int, g_max: int = 1) -> dict[str, Schedule]:
+def probe_schedules(
+    policy: Policy, num_minibatches: int, g_max: int = 1, every: bool = False
+) -> dict[str, Schedule]:
     """The short runs that calibrate ``t_other`` and the sync terms.
 
     All inline (``base``), then each path overlapped at its finest granularity
     (``ingestion``, ``delivery``) and, where the space has a coarser overlapped
     one, at the coarsest (``ingestion_coarse``, ``delivery_coarse``): two points
     per path fit the per-invocation and the per-iteration part of ``S(g)``.
+    ``every``: also each path overlapped at every other feasible granularity
+    (``ingestion@g``, ``delivery@g``), measured rather than read off the line.
     """
     one = Fraction(1)
     base = Schedule(Mode(False, one), Mode(False, one))
@@ -217,6 +222,19 @@ def probe_schedules(policy: Policy, num_minibatches: int, g_max: int = 1) -> dic
         probes["delivery"] = Schedule(Mode(False, one), Mode(True, frac))
         if num_minibatches > 2:
             probes["ingestion_coarse"] = Schedule(Mode(True, 1 - frac), Mode(False, one))
+    if every:
+        feasible = set(feasible_schedules(policy, num_minibatches, g_max, g_max))
+        taken = set(probes.values())
+        cfg_ing = ingestion_space(policy, num_minibatches, g_max)
+        cfg_del = delivery_space(policy, num_minibatches, g_max)
+        for g in cfg_ing:
+            s = Schedule(Mode(True, g), Mode(False, one))
+            if s in feasible and s not in taken:
+                probes[f"ingestion@{g}"] = s
+        for g in cfg_del:
+            s = Schedule(Mode(False, one), Mode(True, g))
+            if s in feasible and s not in taken:
+                probes[f"delivery@{g}"] = s
     return probes
 
 
@@ -226,10 +244,16 @@ def fit_sync(costs: Costs, measured: dict[str, float], probes: dict[str, Schedul
     With one probe on a path its excess over the model is all per invocation;
     with two (fine and coarse), ``S(g) = T_sync0 + n(g)·T_sync`` goes through
     both points where both parts come out non-negative (see :func:`_fit_line`).
+    Every probed granularity's excess (``path``, ``path_coarse`` and, with
+    ``probe_schedules(every=True)``, ``path@g``) is also kept as measured
+    (``Costs.s_ing`` / ``s_del``, floored at 0): the line serves only the
+    granularities left unprobed.
     """
-    bare = replace(costs, t_other=0.0, t_sync_ing=0.0, t_sync_del=0.0, t_sync0_ing=0.0, t_sync0_del=0.0)
+    bare = replace(
+        costs, t_other=0.0, t_sync_ing=0.0, t_sync_del=0.0, t_sync0_ing=0.0, t_sync0_del=0.0, s_ing={}, s_del={}
+    )
     base = replace(bare, t_other=measured["base"] - predict(bare, probes["base"]).t_iter)
-    fitted: dict[str, float] = {}
+    fitted: dict[str, Any] = {}
     for path, field_ in (("ingestion", "ing"), ("delivery", "del")):
         points = []
         for name in (path, f"{path}_coarse"):
@@ -244,6 +268,12 @@ def fit_sync(costs: Costs, measured: dict[str, float], probes: dict[str, Schedul
             fitted[f"t_sync_{field_}"] = points[0][1] / points[0][0]
         elif len(points) == 2:
             fitted[f"t_sync_{field_}"], fitted[f"t_sync0_{field_}"] = _fit_line(points)
+        per_g: dict[Fraction, float] = {}
+        for name, probe in probes.items():
+            if name in measured and (name in (path, f"{path}_coarse") or name.startswith(f"{path}@")):
+                mode = probe.ingestion if path == "ingestion" else probe.delivery
+                per_g[mode.granularity] = max(0.0, measured[name] - predict(base, probe).t_iter)
+        fitted[f"s_{field_}"] = per_g
     return replace(base, **fitted)
 
 
@@ -275,7 +305,7 @@ def calibrate(
 ) -> tuple[Costs, dict[str, float]]:
     """Fit ``t_other`` and the sync terms per path from short runs of the synthetic loop."""
     pool = workload.units()
-    probes = probe_schedules(workload.policy, workload.num_minibatches, g_max)
+    probes = probe_schedules(workload.policy, workload.num_minibatches, g_max, every=settings.probe_every_granularity)
     by_schedule = interleaved_medians(
         workload, list(dict.fromkeys(probes.values())), settings.calibration_rounds, settings.loop_iterations,
         settings.loop_warmup, pool=pool, progress=progress, label="calibrating ",

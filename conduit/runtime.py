@@ -132,6 +132,11 @@ class Conduit:
     # -- construction of the paths ----------------------------------------------
     def _check_schedule(self, schedule: Schedule) -> Schedule:
         cfg = self.config
+        if not isinstance(schedule, Schedule):
+            raise TypeError(
+                f"schedule={schedule!r}: expected a conduit.Schedule (e.g. Schedule(Mode(False, 1), Mode(True, 2))); "
+                "to pin knobs from configuration use ConduitConfig(schedule={'delivery_overlap': True, ...})"
+            )
         for path, mode, space in (
             ("ingestion", schedule.ingestion, cfg.ingestion_space),
             ("delivery", schedule.delivery, cfg.delivery_space),

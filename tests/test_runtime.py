@@ -270,6 +270,8 @@ def test_conflicting_config_arguments():
         Conduit(conduit.ConduitConfig(policy="off_policy", train_batch_size=1, capacity=2), capacity=3)
     with pytest.raises(conduit.ConfigError, match="not feasible"):
         Conduit(policy="on_policy", train_batch_size=8, schedule=Schedule(Mode(True, 1), Mode(False, 1)))
+    with pytest.raises(TypeError, match=r"expected a conduit\.Schedule"):
+        Conduit(policy="off_policy", train_batch_size=8, capacity=64, schedule={"delivery_overlap": True})
 
 
 def test_close_drains_pending_units_like_a_writer_flush_and_releases_storage():

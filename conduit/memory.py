@@ -90,7 +90,7 @@ class BatchMemory:
                 block = field.free.pop()
                 self.recycled += 1
             except IndexError:
-                block = np.empty(field.nbytes, dtype=np.uint8)
+                block = torch.empty(field.nbytes, dtype=torch.uint8).numpy()  # torch's 64-byte alignment
                 self.allocated += 1
             view = block[:]
             weakref.finalize(view, field.release, block)

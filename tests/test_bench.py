@@ -54,12 +54,19 @@ def tiny_result() -> MicroResult:
 
 
 # -- timing -----------------------------------------------------------------------
-def test_interleaved_rotates_the_order_and_keeps_one_sample_per_repeat() -> None:
+def test_interleaved_shuffles_neighbours_and_keeps_one_sample_per_repeat() -> None:
     order: list[str] = []
-    cases = {name: (lambda n, name=name: order.append(name)) for name in "abc"}
-    stats = interleaved(cases, 1, repeats=3, warmup=0)
-    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
-    assert all(len(s.samples) == 3 for s in stats.values())
+    cases = {name: (lambda n, name=name: order.append(name)) for name in "abcdef"}
+    stats = interleaved(cases, 1, repeats=12, warmup=0)
+    assert all(len(s.samples) == 12 for s in stats.values())
+    repeats = [order[i : i + 6] for i in range(0, len(order), 6)]
+    assert all(sorted(r) == list("abcdef") for r in repeats)  # every case once per repeat
+    # no case always follows the same neighbour (a rotation would: the slow-neighbour bias)
+    before = {name: {r[r.index(name) - 1] for r in repeats if r.index(name) > 0} for name in "abcdef"}
+    assert all(len(prev) > 1 for prev in before.values())
+    again: list[str] = []
+    interleaved({n: (lambda k, n=n: again.append(n)) for n in "abcdef"}, 1, repeats=12, warmup=0)
+    assert again == order  # seeded: the same order every run
 
 
 def test_interleaved_rejects_zero_repeats() -> None:

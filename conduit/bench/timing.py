@@ -2,9 +2,10 @@
 
 Every case runs as a *block* of ``n`` operations (a block may end with a flush,
 so asynchronous peers are timed to completion) and reports seconds per
-operation. One repeat times every case once, in an order rotated from repeat
-to repeat, so a burst of load from a neighbour lands on several peers instead
-of on one; the statistic is the median over repeats. The garbage collector is
+operation. One repeat times every case once, in a fresh random order (seeded)
+each repeat, so a burst of load from a neighbour — or the after-effects of the
+case timed just before — lands on different cases each time instead of on one;
+the statistic is the median over repeats. The garbage collector is
 paused inside a block (a collection is noise, not a property of the peer).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -83,8 +85,16 @@ def interleaved(
     *,
     warmup: int = 1,
     on_repeat: Callable[[int], None] | None = None,
+    seed: int = 0,
 ) -> dict[str, Stat]:
-    """Time every case ``repeats`` times, interleaved, in a rotating order."""
+    """Time every case ``repeats`` times, interleaved, in a fresh random order each repeat.
+
+    Not a rotation: rotating a list keeps every case behind the same neighbour in
+    every repeat, and a case can leave the machine slower for the next one — on
+    this VM a block of fresh 4 MB allocations freed again (numpy and cpprb
+    samples) made the case timed right after it 2x slower, which a rotation
+    charged to one case (Conduit's headline push and pull) in every repeat.
+    """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     names = list(cases)
@@ -96,9 +106,11 @@ def interleaved(
         for _ in range(warmup):
             cases[name](max(1, n_of(name) // 4))
     samples: dict[str, list[float]] = {name: [] for name in names}
+    rng = random.Random(seed)
     for r in range(repeats):
-        k = r % len(names) if names else 0
-        for name in names[k:] + names[:k]:
+        order = names[:]
+        rng.shuffle(order)
+        for name in order:
             samples[name].append(block_seconds(cases[name], n_of(name)))
         if on_repeat is not None:
             on_repeat(r)

@@ -7,7 +7,7 @@ import torch
 from conduit import Conduit, ExperienceSpec, FieldSpec
 from conduit.scheduling.auto import AutoPlanner, Phase
 from conduit.scheduling.model import rank
-from conduit.scheduling.profiler import shortlist
+from conduit.scheduling.profiler import settle, shortlist
 from conduit.scheduling.space import feasible_schedules, is_feasible_mode
 from conduit.synthetic import Burner, CostKind
 from tests.helpers import transitions
@@ -44,7 +44,7 @@ def test_planner_profiles_probes_and_settles_on_a_feasible_minimum():
         assert set(planner.verified) == set(shortlist(ranked, 3))  # the model's shortlist, each measured live
         families = {(s.ingestion.overlap, s.delivery.overlap) for s in planner.verified}
         assert len(families) == 4  # off-policy: every overlap family has a verified representative
-        assert event.prediction.schedule == min(planner.verified, key=planner.verified.get)  # fastest measured
+        assert event.prediction == settle(ranked, planner.verified)  # fastest measured, the model's within 3%
         edp.flush()
         assert sorted(edp.buffer.contents()["tid"].tolist()) == list(range(pushed))
 

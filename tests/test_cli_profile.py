@@ -31,7 +31,9 @@ def test_profile_json_reports_costs_candidates_and_a_feasible_plan():
                 families.add(family)
         assert set(verified) == set(expected)  # the shortlist
         fastest = min(verified, key=verified.get)
-        assert json.dumps(w["chosen"]["schedule"], sort_keys=True) == fastest  # the plan: fastest measured
+        own = json.dumps(cands[0]["schedule"], sort_keys=True)
+        plan = own if verified[own] <= verified[fastest] * 1.03 else fastest  # the model's minimum within 3%
+        assert json.dumps(w["chosen"]["schedule"], sort_keys=True) == plan
         if w["workload"]["policy"] == "on_policy":
             for c in cands:
                 for path in ("ingestion", "delivery"):

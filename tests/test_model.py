@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conduit.scheduling.model import Costs, gamma, optimize, predict, rank
-from conduit.scheduling.profiler import fit_sync, probe_schedules
+from conduit.scheduling.profiler import fit_sync, probe_schedules, settle
 from conduit.scheduling.space import Mode, Policy, Schedule, feasible_schedules, is_feasible_mode
 
 ms = st.floats(min_value=0.0, max_value=50e-3, allow_nan=False)
@@ -179,3 +179,15 @@ def test_a_probed_granularity_overrides_the_line() -> None:
     costs = Costs(Policy.OFF_POLICY, 2e-3, 8e-3, t, t, t_sync_del=3e-3, s_del={Fraction(2): 7e-3})
     assert costs.sync_del(Fraction(2)) == 7e-3  # measured there
     assert costs.sync_del(Fraction(3)) == pytest.approx(1e-3)  # the line elsewhere
+
+
+def test_settle_keeps_the_models_minimum_within_the_noise_margin() -> None:
+    t = {Fraction(g): 1e-3 for g in (1, 2)}
+    costs = Costs(Policy.OFF_POLICY, 2e-3, 8e-3, t, t)
+    ranked = rank(costs, feasible_schedules(Policy.OFF_POLICY, 1, 2, 2))
+    own, other, third = (p.schedule for p in ranked[:3])
+    assert settle(ranked, {}) == ranked[0]  # nothing measured: the model decides
+    assert settle(ranked, {own: 10.2, other: 10.0}).schedule == own  # 2% apart: noise, the model breaks the tie
+    assert settle(ranked, {own: 11.0, other: 10.0}).schedule == other  # 10% apart: measurement wins
+    assert settle(ranked, {other: 10.0, third: 9.0}).schedule == third  # the model's own not measured
+    assert settle(ranked, {own: 10.2, other: 10.0}, margin=0.0).schedule == other

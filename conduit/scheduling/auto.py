@@ -28,8 +28,9 @@ the last mini-batch of an iteration on-policy), in the caller's thread:
 3. **verify** — Eq. 2 ranks every feasible schedule; the model's ``verify``
    best and its best of each overlap family (``profiler.shortlist``; those not
    measured already as probes) run ``probe`` live iterations each, and the
-   fastest measured becomes the plan: the model prunes dozens of candidates,
-   measurement settles the few within its error.
+   fastest measured becomes the plan unless the model's own minimum measured
+   within 3% of it (``profiler.settle``): the model prunes dozens of
+   candidates, measurement settles the few within its error.
 4. **run** — the runtime is rescheduled to the plan. The planner re-plans when the buffer migrated (the per-sample
    size changed) or the measured iteration time drifts from the prediction by
    more than ``drift`` over a whole window.
@@ -58,6 +59,7 @@ from conduit.scheduling.profiler import (
     measure_delivery,
     measure_ingestion,
     probe_schedules,
+    settle,
     shortlist,
 )
 from conduit.scheduling.space import Policy, Schedule, feasible_schedules
@@ -244,10 +246,7 @@ class AutoPlanner:
 
     def _choose(self) -> None:
         assert self.costs is not None
-        self.prediction = self._ranked[0]
-        if self.verified:
-            fastest = min(self.verified, key=lambda s: self.verified[s])
-            self.prediction = next(p for p in self._ranked if p.schedule == fastest)
+        self.prediction = settle(self._ranked, self.verified)
         self.rt.reschedule(self.prediction.schedule)
         self.history.append(PlanEvent(self.iteration, "planned", self.prediction.schedule, self.prediction, self.costs))
         p = self.prediction

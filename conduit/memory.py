@@ -57,10 +57,13 @@ class BatchMemory:
     blocks are simply freed.
     """
 
-    def __init__(self, keep: int = 4, layouts: int = 4) -> None:
+    def __init__(self, keep: int = 4, layouts: int = 4, min_bytes: int = 64 << 10) -> None:
         if keep < 1:
             raise ValueError(f"keep={keep}: hold at least one free block")
         self.keep = keep
+        # fields smaller than this come fresh from torch's allocator: a small allocation is served
+        # from the heap without page faults, and tracking it costs more (~5 us) than it saves
+        self.min_bytes = min_bytes
         self.layouts = max(1, layouts)
         # (spec, rows, per-field free lists) of a few batch shapes (on-policy's last mini-batch
         # may be shorter), least recently used first
@@ -86,6 +89,9 @@ class BatchMemory:
         self._fields = fields
         out = {}
         for field in fields:
+            if field.nbytes < self.min_bytes:
+                out[field.name] = torch.empty(field.shape, dtype=field.dtype)
+                continue
             try:
                 block = field.free.pop()
                 self.recycled += 1
@@ -99,5 +105,5 @@ class BatchMemory:
 
     @property
     def free(self) -> int:
-        """Free blocks of the field with the fewest (of the batch shape taken last)."""
-        return min((len(f.free) for f in self._fields), default=0)
+        """Free blocks of the recycled field with the fewest (of the batch shape taken last)."""
+        return min((len(f.free) for f in self._fields if f.nbytes >= self.min_bytes), default=0)

@@ -34,6 +34,9 @@ def runtime(**kw: object) -> Conduit:
     for k in range(4):
         edp.push(units(16, 16 * k))
     edp.flush()
+    for memory in edp.delivery._memory:
+        if memory is not None:
+            memory.min_bytes = 0  # recycle even these tiny test fields
     return edp
 
 
@@ -129,6 +132,7 @@ def test_on_policy_minibatches_recycle_and_keep_held_ones_intact():
     edp = Conduit(
         policy="on_policy", train_batch_size=32, rollout_unit_size=16, num_minibatches=4, num_epochs=2, seed=0
     ).start()
+    edp.delivery._memory[0].min_bytes = 0
     with edp:
         held = []
         for it in range(4):
@@ -145,8 +149,20 @@ def test_on_policy_minibatches_recycle_and_keep_held_ones_intact():
         assert memory.recycled > memory.allocated
 
 
+def test_small_fields_come_fresh_and_large_ones_are_recycled():
+    spec = ExperienceSpec.of(obs=((512,), "float32"), done=((), "bool"))
+    memory = BatchMemory(min_bytes=64 << 10)
+    a = memory.take(spec, 64)  # obs: 128 KiB (recycled), done: 64 B (fresh)
+    obs, done = a["obs"].data_ptr(), a["done"].data_ptr()
+    del a
+    b = memory.take(spec, 64)
+    assert b["obs"].data_ptr() == obs and memory.recycled == 1 and memory.allocated == 1
+    assert b["done"].shape == (64,) and b["done"].dtype == torch.bool
+    del done
+
+
 def test_another_layout_starts_new_free_lists():
-    memory = BatchMemory(keep=2)
+    memory = BatchMemory(keep=2, min_bytes=0)
     a = memory.take(SPEC, 4)
     del a
     b = memory.take(SPEC, 4)

@@ -14,6 +14,9 @@ actor/learner loop (:func:`conduit.synthetic.run_loop`) in interleaved repeats:
   and protobuf time on top (30-50 ms per sample on this class of machine,
   DESIGN.md §7);
 - **GEAR-style** — inline ``g=1`` on pinned host memory (needs CUDA);
+- **inline, recycled batch memory** — the inline schedule with Conduit's
+  default batch memory (dropped batches recycled): the memory's share of the
+  cut, apart from the schedule's;
 - **overlap g=1** — both paths overlapped at the smallest granularity (the
   paper's Fig. 14 "Conduit with overlap");
 - **fixed placement p** — Conduit's schedule on each placement this machine
@@ -115,6 +118,8 @@ def build_configs(
                 unavailable="pinned host memory needs CUDA; this machine has none",
             )
         )
+    # the inline schedule with Conduit's recycled batch memory: the memory's share of the cut, apart from the schedule's
+    run.append(LoopConfig("inline, recycled batch memory", "inline_recycled", "cpu", inline))
     run.append(LoopConfig(f"overlap ({_overlap_schedule(w).delivery})", "overlap", "cpu", _overlap_schedule(w)))
     for p in _placements():
         if p != auto_placement:

@@ -145,10 +145,14 @@ class TensorStorage(Storage):
         idx = indices if indices.device == self.device else indices.to(self.device)
         if out is not None and (device is None or device == self.device):
             n = idx.shape[0]
-            return {
-                name: gather_into(t, idx, out[name] if fits(out.get(name), n, t) else t.new_empty((n, *t.shape[1:])))
-                for name, t in self.tensors.items()
-            }
+            serial = self.device.type == "cpu" and in_worker()  # once per gather, not per field (hot path)
+            result = {}
+            for name, t in self.tensors.items():
+                dst = out.get(name)
+                if not fits(dst, n, t):
+                    dst = t.new_empty((n, *t.shape[1:]))
+                result[name] = gather_into(t, idx, dst) if serial else torch.index_select(t, 0, idx, out=dst)
+            return result
         if device is not None and device.type == "cuda" and self.device.type == "cpu":
             # host rows bound for a GPU: gather into pinned memory so the copy is a real async DMA
             # (the caching host allocator keeps the block until the copy's stream is done with it)

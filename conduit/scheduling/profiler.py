@@ -83,13 +83,13 @@ class ProfileResult:
     ranked: list[Prediction] = field(default_factory=list)
     #: measured median T_iter of the model's shortlist (empty when verification is off)
     verified: dict[Schedule, float] = field(default_factory=dict)
+    #: the model's minimum stays the plan unless a verified schedule beats it by more (see :func:`settle`)
+    margin: float = 0.03
 
     @property
     def model_choice(self) -> Prediction:
         """Eq. 2's answer: the model's minimum."""
         return self.ranked[0]
-
-    margin: float = 0.03
 
     @property
     def choice(self) -> Prediction:
@@ -254,27 +254,25 @@ def fit_sync(costs: Costs, measured: dict[str, float], probes: dict[str, Schedul
         costs, t_other=0.0, t_sync_ing=0.0, t_sync_del=0.0, t_sync0_ing=0.0, t_sync0_del=0.0, s_ing={}, s_del={}
     )
     base = replace(bare, t_other=measured["base"] - predict(bare, probes["base"]).t_iter)
+    # what each overlapped probe measured beyond the model without overlap costs
+    excess = {name: measured[name] - predict(base, s).t_iter for name, s in probes.items() if name in measured}
     fitted: dict[str, Any] = {}
     for path, field_ in (("ingestion", "ing"), ("delivery", "del")):
-        points = []
-        for name in (path, f"{path}_coarse"):
-            if name in measured:
-                probe = probes[name]
-                if path == "ingestion":
-                    n = base.ingestion_invocations(probe.ingestion.granularity)
-                else:
-                    n = base.delivery_invocations(probe.delivery.granularity)
-                points.append((n, measured[name] - predict(base, probe).t_iter))
+
+        def g_of(name: str, path: str = path) -> Fraction:
+            return probes[name].ingestion.granularity if path == "ingestion" else probes[name].delivery.granularity
+
+        invocations = base.ingestion_invocations if path == "ingestion" else base.delivery_invocations
+        points = [(invocations(g_of(name)), excess[name]) for name in (path, f"{path}_coarse") if name in excess]
         if len(points) == 1 or (len(points) == 2 and points[0][0] == points[1][0]):
             fitted[f"t_sync_{field_}"] = points[0][1] / points[0][0]
         elif len(points) == 2:
             fitted[f"t_sync_{field_}"], fitted[f"t_sync0_{field_}"] = _fit_line(points)
-        per_g: dict[Fraction, float] = {}
-        for name, probe in probes.items():
-            if name in measured and (name in (path, f"{path}_coarse") or name.startswith(f"{path}@")):
-                mode = probe.ingestion if path == "ingestion" else probe.delivery
-                per_g[mode.granularity] = max(0.0, measured[name] - predict(base, probe).t_iter)
-        fitted[f"s_{field_}"] = per_g
+        fitted[f"s_{field_}"] = {
+            g_of(name): max(0.0, e)
+            for name, e in excess.items()
+            if name in (path, f"{path}_coarse") or name.startswith(f"{path}@")
+        }
     return replace(base, **fitted)
 
 

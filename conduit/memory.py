@@ -18,9 +18,10 @@ the last reference was dropped); it only appends to a deque. Fields have blocks
 of their own (not slices of one block) so a batch stays an ordinary set of
 tensors: ``torch.save`` refuses tensors of different dtypes sharing a storage.
 
-This is the default for batches on the CPU (off-policy batches, on-policy mini-batches). ``batch_pool`` (an explicit
-ring that overwrites a batch ``batch_pool`` pulls later, dropped or not) stays for
-learners that want the memory bounded.
+This is the default for batches on the CPU (off-policy batches, on-policy
+mini-batches). ``batch_pool`` (an explicit ring that overwrites a batch
+``batch_pool`` pulls later, dropped or not) stays for learners that want the
+memory bounded.
 """
 
 from __future__ import annotations
@@ -68,7 +69,6 @@ class BatchMemory:
         # (spec, rows, per-field free lists) of a few batch shapes (on-policy's last mini-batch
         # may be shorter), least recently used first
         self._shapes: list[tuple[ExperienceSpec, int, list[_Field]]] = []
-        self._fields: list[_Field] = []
         self.allocated = 0  # blocks created (a measure of how well recycling works)
         self.recycled = 0  # blocks served again after a release
 
@@ -86,7 +86,6 @@ class BatchMemory:
             else:
                 fields = shapes.pop(hit)[2]
             shapes.append((spec, rows, fields))  # most recently used last
-        self._fields = fields
         out = {}
         for field in fields:
             if field.nbytes < self.min_bytes:
@@ -106,4 +105,5 @@ class BatchMemory:
     @property
     def free(self) -> int:
         """Free blocks of the recycled field with the fewest (of the batch shape taken last)."""
-        return min((len(f.free) for f in self._fields if f.nbytes >= self.min_bytes), default=0)
+        fields = self._shapes[-1][2] if self._shapes else []
+        return min((len(f.free) for f in fields if f.nbytes >= self.min_bytes), default=0)

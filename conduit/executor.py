@@ -7,7 +7,9 @@
   function until stopped; the step waits on the path's condition with a timeout
   (no wait is unbounded); an exception is captured in the failure box and the
   loop ends. ``stop()`` joins with a timeout and reports a thread that would not
-  stop instead of hanging.
+  stop instead of hanging. Each worker runs its torch ops with an OpenMP team of
+  one (its own setting; the learner's threads keep theirs), so a worker never
+  oversubscribes the cores next to the learner (:func:`serial_kernels`).
 - :class:`StreamSet` gives each path a dedicated CUDA stream on a device, the
   events for hand-off, and ``record_stream`` so the caching allocator never
   reuses memory another stream still reads. Without CUDA everything here is a
@@ -18,6 +20,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import threading
@@ -39,6 +42,8 @@ __all__ = [
     "handoff",
     "hold_still",
     "in_worker",
+    "one_intra_op_thread",
+    "serial_kernels",
     "wait_until",
 ]
 
@@ -51,15 +56,41 @@ _local = threading.local()
 
 
 def in_worker() -> bool:
-    """Whether the calling thread is a Conduit worker.
-
-    Host tensor kernels check this to stay serial: ATen parallelises a CPU op
-    above its grain with an OpenMP team, and a second team started from a worker
-    thread while the learner's thread runs its own oversubscribes the cores and
-    spin-waits (measured here: a learner's matmuls ran 5x slower next to an
-    overlapped gather; 1.3x when the worker's calls stay under the grain).
-    """
+    """Whether the calling thread is a Conduit worker."""
     return getattr(_local, "worker", False)
+
+
+def serial_kernels() -> bool:
+    """Whether host tensor kernels on this thread must be kept under ATen's parallel grain by the caller.
+
+    ATen parallelises a CPU op above its grain with an OpenMP team, and a second
+    team started from a worker thread while the learner's thread runs its own
+    oversubscribes the cores and spin-waits (measured here: a learner's matmuls
+    ran 5x slower next to an overlapped gather, a 4 MB gather 16x slower next to
+    a busy worker's). A worker therefore limits its own OpenMP team to itself
+    (:func:`one_intra_op_thread`), which covers every op it runs, hooks
+    included. Where that cannot be done (another OpenMP runtime, another ATen
+    backend) this is True and storage kernels chunk their calls under the grain
+    instead, which costs 1.4-1.6x on large gathers.
+    """
+    return getattr(_local, "serial", False)
+
+
+def one_intra_op_thread() -> bool:
+    """Give the calling thread an OpenMP team of one; True when ATen confirms it.
+
+    ``omp_set_num_threads`` sets the calling thread's own ICV. Not
+    ``torch.set_num_threads(1)``: besides that ICV it stores a process-wide
+    default which every thread that has not yet asked for its count -- the
+    learner's main thread included -- then inherits (measured: a main thread that
+    had run no parallel op yet read 1 after a worker called it).
+    """
+    torch.get_num_threads()  # ATen sets a thread's team from its process-wide default on first use: let it go first
+    try:
+        ctypes.CDLL(None).omp_set_num_threads(1)
+    except Exception:  # no OpenMP symbol in the process (or no dlopen(NULL)): the caller chunks instead
+        return False
+    return torch.get_num_threads() == 1
 
 
 class FailureBox:
@@ -169,6 +200,7 @@ class Worker:
 
     def _run(self) -> None:
         _local.worker = True
+        _local.serial = not one_intra_op_thread()
         if self.nice:
             try:  # Linux: a thread's nice value is its own
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)

@@ -309,3 +309,34 @@ def test_batch_pool_recycles_memory_yet_each_batch_holds_its_rows_until_reused(d
 def test_batch_pool_is_validated():
     with pytest.raises(ValueError, match="batch_pool=1"):
         conduit.ConduitConfig(policy="off_policy", train_batch_size=2, capacity=8, batch_pool=1)
+
+
+def test_workers_run_torch_ops_on_an_openmp_team_of_their_own_without_touching_the_learners():
+    """A worker (and any hook on it) runs its ops on one intra-op thread so it never oversubscribes the cores
+    next to the learner's team, and sets that for itself only: the learner and threads started later keep theirs."""
+    from conduit import executor
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen = []
+    try:
+        edp = off_runtime(Mode(True, 1), Mode(True, 1))
+
+        @edp.register_delivery(input="ExperienceBuffer", output="Learner")
+        def probe(exp_in, learn_out):
+            seen.append((torch.get_num_threads(), executor.serial_kernels()))
+            learn_out.write(exp_in.read())
+
+        with edp:
+            edp.push(transitions(64))
+            edp.flush()
+            edp.pull(timeout=10)
+        later = []
+        t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        t.start()
+        t.join()
+        assert seen and all(s == (1, False) for s in seen)  # one thread, and no chunked kernels needed
+        assert torch.get_num_threads() == 2
+        assert later == [2]
+    finally:
+        torch.set_num_threads(previous)

@@ -250,7 +250,7 @@ class ShardedStorage(Storage):
         """Rows ``local`` of one shard into ``out[...][lo:]``, on the shard's dedicated stream where CUDA is."""
         hi = lo + local.shape[0]
         streams = self._stream(shard.device, target)
-        if streams is None:  # host to host, or no CUDA: plain gathers (serial on worker threads)
+        if streams is None:  # host to host, or no CUDA: plain gathers
             for name, dst in out.items():
                 gather_into(shard.tensors[name], local, dst[lo:hi])
             return None

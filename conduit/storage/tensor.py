@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from conduit.errors import PlacementError
-from conduit.executor import in_worker
+from conduit.executor import serial_kernels
 from conduit.spec import ExperienceSpec
 from conduit.storage.base import Storage
 
@@ -28,14 +28,14 @@ SERIAL_ELEMENTS = 32_768
 
 def _serial_rows(t: torch.Tensor) -> int:
     """Rows per call that keep a host op on ``t`` under the parallel grain (0: no chunking needed)."""
-    if t.device.type != "cpu" or not in_worker():
+    if t.device.type != "cpu" or not serial_kernels():
         return 0
     row = max(1, t[0].numel()) if t.dim() > 1 else 1
     return max(1, (SERIAL_ELEMENTS - 1) // row)
 
 
 def gather_into(src: torch.Tensor, idx: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``index_select(src, 0, idx, out=out)``, kept serial on worker threads (see ``in_worker``)."""
+    """``index_select(src, 0, idx, out=out)``, kept serial where :func:`~conduit.executor.serial_kernels` says so."""
     step = _serial_rows(src)
     if not step or idx.shape[0] <= step:
         return torch.index_select(src, 0, idx, out=out)
@@ -61,7 +61,7 @@ def fits(out: torch.Tensor | None, rows: int, src: torch.Tensor) -> bool:
 
 
 def copy_into(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> None:
-    """``dst.copy_(src)``, kept serial on worker threads for host tensors."""
+    """``dst.copy_(src)``, kept serial for host tensors where :func:`~conduit.executor.serial_kernels` says so."""
     step = _serial_rows(dst) if src.device.type == "cpu" else 0
     if not step or dst.shape[0] <= step:
         dst.copy_(src, non_blocking=non_blocking)
@@ -98,7 +98,7 @@ class TensorStorage(Storage):
 
     def _alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         t = torch.empty(shape, dtype=dtype, device=self.device, pin_memory=self.pinned)
-        # touch the pages now, not on the first write in the hot path (serially on a worker)
+        # touch the pages now, not on the first write in the hot path
         step = _serial_rows(t)
         if not step:
             t.zero_()
@@ -116,7 +116,7 @@ class TensorStorage(Storage):
         start %= self.rows
         first = min(n, self.rows - start)
         non_blocking = self.device.type == "cuda"
-        serial = in_worker() and self.device.type == "cpu"
+        serial = serial_kernels() and self.device.type == "cpu"
         for name, dst in self.tensors.items():
             src = data[name]
             if src.shape[1:] != dst.shape[1:]:
@@ -145,7 +145,7 @@ class TensorStorage(Storage):
         idx = indices if indices.device == self.device else indices.to(self.device)
         if out is not None and (device is None or device == self.device):
             n = idx.shape[0]
-            serial = self.device.type == "cpu" and in_worker()  # once per gather, not per field (hot path)
+            serial = self.device.type == "cpu" and serial_kernels()  # once per gather, not per field (hot path)
             result = {}
             for name, t in self.tensors.items():
                 dst = out.get(name)
@@ -161,7 +161,7 @@ class TensorStorage(Storage):
                 staged = torch.empty((idx.shape[0], *t.shape[1:]), dtype=t.dtype, pin_memory=True)
                 out[name] = gather_into(t, idx, staged).to(device, non_blocking=True)
             return out
-        if self.device.type == "cpu" and in_worker():
+        if self.device.type == "cpu" and serial_kernels():
             out = {
                 name: gather_into(t, idx, t.new_empty((idx.shape[0], *t.shape[1:])))
                 for name, t in self.tensors.items()

@@ -119,11 +119,12 @@ class ConduitConfig(BaseModel):
             buffers per learner (a batch stays valid for ``batch_pool - 1`` further pulls;
             0, the default, recycles only memory the learner has dropped, see
             ``recycle_batches``). Bounds the memory and keeps the output cache-warm.
-        recycle_batches: host learners (both policies): a pulled batch's memory goes back to a
-            free list once every reference to it (batch, tensor, view, numpy array) is
-            gone, and the next batch is gathered into it — no allocation and no page
-            faults per pull, and nothing alive is ever overwritten. ``False``: fresh
-            memory every pull.
+        recycle_batches: host learners (both policies): the memory of a pulled batch's large
+            fields (32 MiB and up, where every fresh allocation is an mmap faulted in page by
+            page) goes back to a free list once every reference to it (batch, tensor, view,
+            numpy array) is gone, and the next batch is gathered into it — nothing alive is
+            ever overwritten. Smaller fields come from the allocator, which reuses them as
+            fast. ``False``: fresh memory every pull.
         min_size_to_sample: off-policy rows required before sampling (default: a batch).
         g_max: cap on off-policy granularities (both paths).
         max_staleness: cap on off-policy delivery granularity (batches a prefetched

@@ -149,16 +149,26 @@ def test_on_policy_minibatches_recycle_and_keep_held_ones_intact():
         assert memory.recycled > memory.allocated
 
 
-def test_small_fields_come_fresh_and_large_ones_are_recycled():
+def test_small_fields_are_left_to_the_gather_and_large_ones_are_recycled():
     spec = ExperienceSpec.of(obs=((512,), "float32"), done=((), "bool"))
     memory = BatchMemory(min_bytes=64 << 10)
-    a = memory.take(spec, 64)  # obs: 128 KiB (recycled), done: 64 B (fresh)
-    obs, done = a["obs"].data_ptr(), a["done"].data_ptr()
+    a = memory.take(spec, 64)  # obs: 128 KiB (recycled), done: 64 B (allocated by the gather)
+    assert a is not None and set(a) == {"obs"}
+    obs = a["obs"].data_ptr()
     del a
     b = memory.take(spec, 64)
-    assert b["obs"].data_ptr() == obs and memory.recycled == 1 and memory.allocated == 1
-    assert b["done"].shape == (64,) and b["done"].dtype == torch.bool
-    del done
+    assert b is not None and b["obs"].data_ptr() == obs and memory.recycled == 1 and memory.allocated == 1
+    assert b["obs"].shape == (64, 512) and b["obs"].dtype == torch.float32
+    assert memory.take(spec, 8) is None  # no field of 8 rows reaches min_bytes: nothing to track
+
+
+def test_by_default_only_fields_past_glibcs_mmap_ceiling_are_recycled():
+    """Below 32 MiB glibc serves a freed batch's size from its heap again (measured as fast as recycling)."""
+    memory = BatchMemory()
+    spec = ExperienceSpec.of(obs=((1000,), "float32"), big=((20_000,), "float32"))
+    out = memory.take(spec, 512)  # obs: 2 MB, big: 40 MB
+    assert out is not None and set(out) == {"big"}
+    assert memory.take(ExperienceSpec.of(obs=((1000,), "float32")), 512) is None
 
 
 def test_another_layout_starts_new_free_lists():

@@ -208,3 +208,18 @@ def test_sharded_gather_overhead_is_small() -> None:
     t_plain, t_one, t_four = _min_times([lambda: plain.gather(idx), lambda: one.gather(idx), lambda: four.gather(idx)])
     assert t_one <= 1.2 * t_plain + 5e-6, (t_plain, t_one)  # one branch more
     assert t_four <= 3.0 * t_plain + 300e-6, (t_plain, t_four)  # index math + a gather per shard and field
+
+
+def test_large_host_fields_are_advised_for_huge_pages_where_the_kernel_offers_them() -> None:
+    from conduit.storage import hugepages
+
+    spec = ExperienceSpec.of(obs=((4096,), "float32"), reward=((), "float32"))  # 16 KB rows: obs is 16 MiB
+    s = TensorStorage(spec, 1024)
+    offered = hugepages.mode() in ("madvise", "always")
+    assert s.huge_pages == (1 if offered else 0)  # obs only: reward's 4 KB is far under two huge pages
+    assert not hugepages.advise(torch.empty(hugepages.MIN_BYTES // 4 - 1))  # too small to hold two
+    # advice changes nothing a reader sees
+    s.write(0, {"obs": torch.arange(1024 * 4096, dtype=torch.float32).view(1024, 4096), "reward": torch.ones(1024)})
+    got = s.gather(torch.tensor([1023, 0, 512]))
+    assert torch.equal(got["obs"][:, 0], torch.tensor([1023.0, 0.0, 512.0]) * 4096)
+    s.close()

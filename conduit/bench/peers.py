@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from conduit.storage import hugepages
+
 __all__ = [
     "PEERS",
     "Case",
@@ -204,6 +206,12 @@ def _ring_positions(pos: int, n: int, capacity: int) -> list[tuple[int, int, int
     return out
 
 
+def _huge_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    t = torch.empty(shape, dtype=dtype)
+    hugepages.advise(t)
+    return t.zero_()
+
+
 class TorchPlain(Peer):
     """Preallocated torch tensors: slice-copy writes, ``index_select(out=)`` gathers, and the memcpy bound."""
 
@@ -213,7 +221,8 @@ class TorchPlain(Peer):
         super().__init__(data)
         example = data.chunks[0]
         cap = data.capacity
-        self.storage = {k: torch.zeros((cap, *v.shape[1:]), dtype=v.dtype) for k, v in example.items()}
+        # on the same huge-page advice as Conduit's storage, so the bound measures the kernel, not the page size
+        self.storage = {k: _huge_zeros((cap, *v.shape[1:]), v.dtype) for k, v in example.items()}
         self.out = {k: torch.empty((data.batch, *v.shape[1:]), dtype=v.dtype) for k, v in example.items()}
         self.pos = 0
         self.gen = torch.Generator().manual_seed(data.seed + 1)

@@ -126,6 +126,8 @@ class ConduitPeer(Peer):
         self.prioritized = self._runtime(Schedule(one, one), SamplerKind.PRIORITIZED)
         # the headline with recycled batch memory (ConduitConfig.batch_pool): what index_select(out=) gets for free
         self.pooled = self._runtime(Schedule(one, one), batch_pool=2)
+        # the headline gathering every batch into fresh memory (recycle_batches=False): what recycling buys
+        self.fresh = self._runtime(Schedule(one, one), recycle=False)
         self._k = 0
 
     def _runtime(
@@ -134,6 +136,7 @@ class ConduitPeer(Peer):
         sampler: SamplerKind = SamplerKind.UNIFORM,
         tracer: Tracer | None = None,
         batch_pool: int = 0,
+        recycle: bool = True,
     ) -> Conduit:
         d = self.data
         return Conduit(
@@ -149,12 +152,13 @@ class ConduitPeer(Peer):
             seed=d.seed,
             g_max=self.g_max,
             batch_pool=batch_pool,
+            recycle_batches=recycle,
             timeout_s=120.0,
         ).start()
 
     @property
     def runtimes(self) -> list[Conduit]:
-        return [self.headline, *self.variants.values(), self.prioritized, self.pooled]
+        return [self.headline, *self.variants.values(), self.prioritized, self.pooled, self.fresh]
 
     def fill(self) -> None:
         for edp in self.runtimes:
@@ -220,6 +224,17 @@ class ConduitPeer(Peer):
                 self._pull(self.pooled),
                 u,
                 note="recycled batch memory: each batch stays valid for one more pull, then is overwritten",
+            )
+        )
+        out.append(
+            Case(
+                f"Conduit pull ({head}, fresh batch memory)",
+                lib,
+                Op.DELIVER,
+                Role.CONDUIT_VARIANT,
+                self._pull(self.fresh),
+                u,
+                note="recycle_batches=False: every batch gathered into newly allocated memory",
             )
         )
         out += [

@@ -1,9 +1,10 @@
 """Single-device storage: one preallocated tensor per field.
 
 Writes are contiguous slice copies (two at the ring's wrap); reads gather with
-``torch.index_select`` into fresh tensors, which measured as fast as gathering
-into a reused buffer on this stack (glibc reuses the freed block) while never
-handing a learner memory that a later batch overwrites.
+``torch.index_select``, into the memory the caller offers (recycled batch
+memory, :mod:`conduit.memory`) or into fresh tensors. Large host fields are
+advised for transparent huge pages (:mod:`conduit.storage.hugepages`) before
+they are first touched: a random-row gather then misses the TLB far less.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from conduit.errors import PlacementError
 from conduit.executor import serial_kernels
 from conduit.spec import ExperienceSpec
+from conduit.storage import hugepages
 from conduit.storage.base import Storage
 
 __all__ = ["TensorStorage", "copy_into", "fits", "gather_into", "resolve_device"]
@@ -92,12 +94,15 @@ class TensorStorage(Storage):
             )
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise PlacementError(f"storage_device={str(self.device)!r} but CUDA is not available on this machine")
+        self.huge_pages = 0  # fields whose memory was advised for transparent huge pages
         self.tensors: dict[str, torch.Tensor] = {
             f.name: self._alloc((rows, *f.shape), f.dtype) for f in spec
         }
 
     def _alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         t = torch.empty(shape, dtype=dtype, device=self.device, pin_memory=self.pinned)
+        if hugepages.advise(t):  # before the first touch: random-row gathers miss the TLB far less
+            self.huge_pages += 1
         # touch the pages now, not on the first write in the hot path
         step = _serial_rows(t)
         if not step:
@@ -148,10 +153,13 @@ class TensorStorage(Storage):
             serial = self.device.type == "cpu" and serial_kernels()  # once per gather, not per field (hot path)
             result = {}
             for name, t in self.tensors.items():
-                dst = out.get(name)
-                if not fits(dst, n, t):
-                    dst = t.new_empty((n, *t.shape[1:]))
-                result[name] = gather_into(t, idx, dst) if serial else torch.index_select(t, 0, idx, out=dst)
+                dst = out.get(name)  # memory is offered for large fields only (conduit.memory)
+                if fits(dst, n, t):
+                    result[name] = gather_into(t, idx, dst) if serial else torch.index_select(t, 0, idx, out=dst)
+                elif serial:
+                    result[name] = gather_into(t, idx, t.new_empty((n, *t.shape[1:])))
+                else:
+                    result[name] = torch.index_select(t, 0, idx)
             return result
         if device is not None and device.type == "cuda" and self.device.type == "cpu":
             # host rows bound for a GPU: gather into pinned memory so the copy is a real async DMA

@@ -25,7 +25,7 @@ from conduit.executor import StreamOrder
 from conduit.samplers.base import Sampler
 from conduit.samplers.minibatch import minibatch_plan
 from conduit.slots import FifoRemover, Remover, SlotTable
-from conduit.spec import Data, ExperienceSpec, as_tensors, batch_size_of
+from conduit.spec import Data, ExperienceSpec, as_tensors, batch_size_of, rows_of
 from conduit.storage.base import Storage
 from conduit.storage.policy import StoragePolicy, copy_rows
 
@@ -133,7 +133,7 @@ class ReplayBuffer:
         """Validate without storing (raises SpecError; changes nothing)."""
         checked = self._specs.check(parts)
         for t in checked:
-            n = batch_size_of(t)
+            n = rows_of(t)
             if n > self.capacity:
                 raise SpecError(f"a write of {n} rows exceeds the buffer capacity of {self.capacity} rows")
         return checked
@@ -153,7 +153,7 @@ class ReplayBuffer:
             self._order.before_write()
             for tensors in checked:
                 self._maybe_grow(tensors)
-                n = batch_size_of(tensors)
+                n = rows_of(tensors)
                 table = self.table
                 if self._ring:
                     slots = table.ring_slots(n) if self._sampler_tracks_inserts else None

@@ -35,7 +35,7 @@ from conduit.hooks import ACTOR, EXPERIENCE_BUFFER, Reader, Writer
 from conduit.operators import FnOperator, Graph, HookOperator, OperatorKind, Packet
 from conduit.ratelimit import RateLimiter
 from conduit.scheduling.space import Mode
-from conduit.spec import Data, as_tensors, batch_size_of
+from conduit.spec import Data, as_tensors, batch_size_of, rows_of
 from conduit.trace import Tracer
 
 __all__ = ["IngestionPath", "IngestionStats"]
@@ -143,9 +143,13 @@ class IngestionPath:
         self.failure.check()
         if self._identity:
             tensors = self.buffer.validate([data])[0]  # bad input fails here, nothing queued
+            rows = rows_of(tensors)
+            if self._push_direct(tensors, rows):
+                self.stats.push_s += time.perf_counter() - t0
+                return
         else:
             tensors = as_tensors(data)
-        rows = batch_size_of(tensors)
+            rows = batch_size_of(tensors)
         pieces = self._split(tensors, rows)
         timeout = self.timeout if timeout is None else timeout
         with self.cond:
@@ -175,6 +179,43 @@ class IngestionPath:
         if not self.mode.overlap:
             self._drain_inline(flush=False)
         self.stats.push_s += time.perf_counter() - t0
+
+    def _push_direct(self, tensors: dict[str, torch.Tensor], rows: int) -> bool:
+        """Inline, no hook, g = 1, off-policy, no rate limit, nobody tracing, nothing queued: write now.
+
+        The same operator as the graph (the buffer write, after the validation
+        push has done) without queueing a piece and draining it, so a push costs
+        little more than its copy (the general path added ~30 us per push at
+        dim 128 next to a 40 us copy). Returns False, having changed nothing, to
+        take the general path.
+        """
+        if (
+            self.mode.overlap
+            or self.on_policy
+            or self.limiter is not None
+            or self.group_units != 1
+            or self.graph.tracer.enabled
+        ):
+            return False
+        with self._invoke_lock:  # held by whoever pauses this path (hold_still), so no write starts then
+            with self.cond:
+                if self.queue or self._paused or self.mode.overlap:
+                    return False
+                self.stats.pushed_units += 1
+                self.stats.pushed_rows += rows
+            t0 = time.perf_counter()
+            assert isinstance(self.buffer, ReplayBuffer)
+            try:
+                _, n = self.buffer.write([tensors], validated=True)
+            except Exception as exc:
+                fail(self.failure, "ingestion operator", exc)
+            self.graph.timings.append((time.perf_counter() - t0, 1.0))
+            self.graph.invocations += 1
+            with self.cond:
+                self.stats.invocations += 1
+                self.stats.ingested_rows += n
+                self.cond.notify_all()
+        return True
 
     def _has_room(self) -> bool:
         if self.on_policy:

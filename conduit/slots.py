@@ -60,10 +60,17 @@ class SlotTable:
         start, cap = self.pos, self.capacity
         first = min(n, cap - start)
         ids = np.arange(first_id, first_id + n, dtype=np.int64)
-        self.ids[start : start + first] = ids[:first]
-        self.ids[: n - first] = ids[first:]
-        self.valid[start : start + first] = True
-        self.valid[: n - first] = True
+        full = self.count == cap  # a full ring has no holes: every slot is valid already
+        if first == n:  # the common case: no wrap (each numpy call costs ~1 us on the push path)
+            self.ids[start : start + n] = ids
+            if not full:
+                self.valid[start : start + n] = True
+        else:
+            self.ids[start:] = ids[:first]
+            self.ids[: n - first] = ids[first:]
+            if not full:
+                self.valid[start:] = True
+                self.valid[: n - first] = True
         self.count = min(cap, self.count + n)
         self.high = max(self.high, min(cap, start + n))
         self.pos = (start + n) % cap

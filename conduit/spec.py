@@ -27,6 +27,7 @@ __all__ = [
     "FieldSpec",
     "as_tensors",
     "batch_size_of",
+    "rows_of",
 ]
 
 #: What users may hand Conduit: a mapping of field name to tensor or array.
@@ -301,6 +302,11 @@ def as_tensors(data: Data) -> dict[str, torch.Tensor]:
         if out[k].dim() == 0:
             raise SpecError(f"field {k!r}: expected a leading batch dimension, received a scalar")
     return out
+
+
+def rows_of(tensors: Mapping[str, torch.Tensor]) -> int:
+    """The leading dimension of tensors that passed :meth:`ExperienceSpec.validate` (their fields agree on it)."""
+    return next(iter(tensors.values())).shape[0]
 
 
 def batch_size_of(tensors: Mapping[str, torch.Tensor]) -> int:

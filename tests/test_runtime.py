@@ -53,8 +53,9 @@ def test_batched_ingestion_lags_by_at_most_g_units():
         assert edp.stats().ingested_rows == 28
 
 
-def test_concurrent_actor_threads_lose_and_duplicate_nothing():
-    with off_runtime(Mode(True, 2), Mode(True, 1), capacity=10_000) as edp:
+@pytest.mark.parametrize("ing", [Mode(True, 2), Mode(False, 1)], ids=str)  # inline g=1: the direct write path
+def test_concurrent_actor_threads_lose_and_duplicate_nothing(ing):
+    with off_runtime(ing, Mode(True, 1), capacity=10_000) as edp:
         def actor(k):
             for u in range(25):
                 edp.push(transitions(8, start=10_000 * k + 8 * u))
@@ -340,3 +341,18 @@ def test_workers_run_torch_ops_on_an_openmp_team_of_their_own_without_touching_t
         assert later == [2]
     finally:
         torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["direct", "graph"])
+def test_inline_pushes_keep_the_same_accounts_whether_written_directly_or_through_the_graph(traced):
+    """Untraced inline g=1 pushes skip the queue (ingestion._push_direct); the profiler and stats must not notice."""
+    from conduit.trace import Tracer
+
+    with off_runtime(Mode(False, 1), Mode(False, 1), tracer=Tracer(enabled=traced)) as edp:
+        for u in range(5):
+            edp.push(transitions(16, start=16 * u))
+        stats, graph = edp.ingestion.stats, edp.ingestion.graph
+        assert (stats.pushed_units, stats.pushed_rows, stats.ingested_rows, stats.invocations) == (5, 80, 80, 5)
+        assert graph.invocations == 5 and len(graph.timings) == 5
+        assert edp.ingestion.pending_units == 0
+        assert edp.buffer.contents()["tid"].tolist() == list(range(80))

@@ -169,6 +169,7 @@ def _costs_json(c: Costs) -> dict[str, Any]:
         "t_sync0_del_s": c.t_sync0_del,
         "s_ing_s": {str(g): v for g, v in c.s_ing.items()},
         "s_del_s": {str(g): v for g, v in c.s_del.items()},
+        "s_both_s": c.s_both,
         "t_other_s": c.t_other,
     }
 
@@ -198,6 +199,7 @@ def _print_profile(console, label, w, costs, ranked, chosen, baseline, measured,
     for path, measured_s in (("ingestion", costs.s_ing), ("delivery", costs.s_del)):
         for g, v in sorted(measured_s.items()):
             t.add_row(f"overlap cost, {path} g={g} (probed)", "", _ms(v))
+    t.add_row("overlap cost, both paths beyond each (probed)", "", _ms(costs.s_both))
     console.print(t)
 
     r = Table(title="Candidate schedules, best first (model)")

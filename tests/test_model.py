@@ -160,7 +160,8 @@ def test_probing_every_granularity_predicts_every_schedule_of_a_nonlinear_overla
     g_max = min(gi, gd)
     s_ing = {g: data.draw(sync) for g in costs.t_ing}
     s_del = {g: data.draw(sync) for g in costs.t_del}
-    truth = Costs(**{**costs.__dict__, "t_other": t_other, "s_ing": s_ing, "s_del": s_del})
+    s_both = data.draw(st.floats(-2e-3, 5e-3))  # two overlapped paths may cost more, or less, than the sum
+    truth = Costs(**{**costs.__dict__, "t_other": t_other, "s_ing": s_ing, "s_del": s_del, "s_both": s_both})
     probes = probe_schedules(costs.policy, costs.num_minibatches, g_max, every=True)
     feasible = feasible_schedules(costs.policy, costs.num_minibatches, g_max, g_max)
     assert set(probes.values()) <= set(feasible)
@@ -172,6 +173,21 @@ def test_probing_every_granularity_predicts_every_schedule_of_a_nonlinear_overla
     fitted = fit_sync(costs, measured, probes)
     for s in feasible:
         assert predict(fitted, s).t_iter == pytest.approx(predict(truth, s).t_iter, abs=1e-9)
+
+
+def test_the_cost_of_overlapping_both_paths_is_paid_only_by_schedules_that_overlap_both() -> None:
+    t = {Fraction(g): 1e-3 for g in (1, 2)}
+    plain = Costs(Policy.OFF_POLICY, 2e-3, 8e-3, t, t)
+    costs = Costs(Policy.OFF_POLICY, 2e-3, 8e-3, t, t, s_both=3e-3)
+    for i in (Mode(False, 1), Mode(True, 1), Mode(True, 2)):
+        for d in (Mode(False, 1), Mode(True, 1), Mode(True, 2)):
+            s = Schedule(i, d)
+            extra = 3e-3 if i.overlap and d.overlap else 0.0
+            assert predict(costs, s).t_iter == pytest.approx(predict(plain, s).t_iter + extra)
+    probes = probe_schedules(Policy.OFF_POLICY, 1, 2)
+    assert probes["both"] == Schedule(Mode(True, 1), Mode(True, 1))
+    measured = {name: predict(costs, s).t_iter for name, s in probes.items()}
+    assert fit_sync(plain, measured, probes).s_both == pytest.approx(3e-3)
 
 
 def test_a_probed_granularity_overrides_the_line() -> None:

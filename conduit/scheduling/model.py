@@ -12,8 +12,12 @@ one iteration and its whole update (``M`` mini-batches × epochs).
 - ``S(g) = T_sync0 + n(g)·T_sync``: what overlapping costs per iteration
 - ``hide = overlap · γ(g) · min(T_neighbour, T̄(g))``, ``γ(g) = 1`` for ``g ≥ 1``,
   ``1 − g`` for ``0 < g < 1``.
-- Eq. 2: minimise ``T_iter = T_ing_path + T_del_path`` over every feasible
-  schedule; exposed experience-path latency is ``T_iter − T_rollout − T_update``.
+- ``S_both``: what overlapping *both* paths costs beyond the two single-path
+  costs (two workers and the learner's compute share the cores), paid by
+  every schedule that overlaps both.
+- Eq. 2: minimise ``T_iter = T_ing_path + T_del_path (+ S_both)`` over every
+  feasible schedule; exposed experience-path latency is
+  ``T_iter − T_rollout − T_update``.
 
 ``S(g)`` is whatever overlap costs beyond the hidden work: a part paid **per
 invocation** (``T_sync``: the hand-off between the worker and the caller —
@@ -28,7 +32,8 @@ overlapped at a granularity, that measurement is used as it is (``s_ing`` /
 ``s_del``): on two busy cores the cost is far from linear in ``g`` (measured at
 dimension 10,000: overlapped delivery at ``g = 2`` cost more per iteration than
 at ``g = 1`` and at ``g = 3``), and the line serves only the granularities left
-unprobed.
+unprobed. ``S_both`` is measured once, with both paths overlapped at their
+finest granularity, as what that run took beyond the single-path model.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ class Costs:
         s_ing / s_del: the per-iteration cost of overlapping a path, measured at each
             probed granularity; where present it replaces the line
             ``T_sync0 + n(g)·T_sync`` (costs on a busy CPU are not linear in ``g``).
+        s_both: the per-iteration cost of overlapping both paths beyond the sum of
+            overlapping each alone (signed: measured, not assumed).
         t_other: per-iteration time outside every term (the loop's own bookkeeping);
             the same for every schedule, so it never changes the choice.
         units_per_iteration: on-policy rollout units per iteration (``U``).
@@ -82,6 +89,7 @@ class Costs:
     notes: Mapping[str, float] = field(default_factory=dict)
     s_ing: Mapping[Fraction, float] = field(default_factory=dict)
     s_del: Mapping[Fraction, float] = field(default_factory=dict)
+    s_both: float = 0.0
 
     def ingestion_invocations(self, g: Fraction) -> float:
         """Invocations per iteration at ingestion granularity ``g``."""
@@ -147,7 +155,7 @@ def predict(costs: Costs, schedule: Schedule) -> Prediction:
     i, d = schedule.ingestion, schedule.delivery
     ing = _path(costs.t_rollout, costs.per_iteration_ing(i.granularity), i, costs.sync_ing(i.granularity))
     dlv = _path(costs.t_update, costs.per_iteration_del(d.granularity), d, costs.sync_del(d.granularity))
-    t_iter = ing + dlv + costs.t_other
+    t_iter = ing + dlv + costs.t_other + (costs.s_both if i.overlap and d.overlap else 0.0)
     return Prediction(t_iter, t_iter - costs.t_rollout - costs.t_update, ing, dlv, schedule)
 
 

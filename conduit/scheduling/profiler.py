@@ -206,6 +206,8 @@ def probe_schedules(
     per path fit the per-invocation and the per-iteration part of ``S(g)``.
     ``every``: also each path overlapped at every other feasible granularity
     (``ingestion@g``, ``delivery@g``), measured rather than read off the line.
+    ``both``: both paths overlapped at their finest granularity, which measures
+    what overlapping both costs beyond overlapping each (``Costs.s_both``).
     """
     one = Fraction(1)
     base = Schedule(Mode(False, one), Mode(False, one))
@@ -223,8 +225,12 @@ def probe_schedules(
         probes["delivery"] = Schedule(Mode(False, one), Mode(True, frac))
         if num_minibatches > 2:
             probes["ingestion_coarse"] = Schedule(Mode(True, 1 - frac), Mode(False, one))
+    feasible = set(feasible_schedules(policy, num_minibatches, g_max, g_max))
+    if "ingestion" in probes and "delivery" in probes:
+        both = Schedule(probes["ingestion"].ingestion, probes["delivery"].delivery)
+        if both in feasible:
+            probes["both"] = both
     if every:
-        feasible = set(feasible_schedules(policy, num_minibatches, g_max, g_max))
         taken = set(probes.values())
         cfg_ing = ingestion_space(policy, num_minibatches, g_max)
         cfg_del = delivery_space(policy, num_minibatches, g_max)
@@ -240,7 +246,7 @@ def probe_schedules(
 
 
 def fit_sync(costs: Costs, measured: dict[str, float], probes: dict[str, Schedule]) -> Costs:
-    """``t_other`` from the all-inline run, ``S(g)`` per path from its overlapped probes (pure).
+    """``t_other`` from the all-inline run, ``S(g)`` per path from its overlapped probes, ``S_both`` (pure).
 
     With one probe on a path its excess over the model is all per invocation;
     with two (fine and coarse), ``S(g) = T_sync0 + n(g)·T_sync`` goes through
@@ -251,7 +257,8 @@ def fit_sync(costs: Costs, measured: dict[str, float], probes: dict[str, Schedul
     granularities left unprobed.
     """
     bare = replace(
-        costs, t_other=0.0, t_sync_ing=0.0, t_sync_del=0.0, t_sync0_ing=0.0, t_sync0_del=0.0, s_ing={}, s_del={}
+        costs, t_other=0.0, t_sync_ing=0.0, t_sync_del=0.0, t_sync0_ing=0.0, t_sync0_del=0.0, s_ing={}, s_del={},
+        s_both=0.0,
     )
     base = replace(bare, t_other=measured["base"] - predict(bare, probes["base"]).t_iter)
     # what each overlapped probe measured beyond the model without overlap costs
@@ -273,7 +280,10 @@ def fit_sync(costs: Costs, measured: dict[str, float], probes: dict[str, Schedul
             for name, e in excess.items()
             if name in (path, f"{path}_coarse") or name.startswith(f"{path}@")
         }
-    return replace(base, **fitted)
+    single = replace(base, **fitted)
+    if "both" in measured and "both" in probes:
+        fitted["s_both"] = measured["both"] - predict(single, probes["both"]).t_iter
+    return replace(single, **fitted)
 
 
 def _fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:

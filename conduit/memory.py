@@ -1,18 +1,22 @@
 """Host memory for delivered batches, recycled once the learner has let go of it.
 
 A learner pulls a batch, reads it (often copying it to its device) and drops it.
-Below 32 MiB a fresh allocation costs little: glibc's allocator raises its mmap
-threshold to the size of the last mmapped block freed (up to 32 MiB on 64-bit),
-so a batch field of that size is soon served from the heap, pages already
-faulted in. Above it every allocation is a fresh ``mmap`` whose pages are
-faulted in and zeroed on first touch, then unmapped when the batch dies:
-measured here, a batch of 512 at dim 20,000 (two 40 MB fields) took 41.5 ms
-into fresh memory and 11-13 ms into recycled memory, while at dims 128-10,000
-(fields up to 20 MB) recycling was as fast or 5-15% slower than a fresh
-allocation (its bookkeeping, and the blocks it keeps out of the heap).
+Whether a fresh allocation for the next batch is cheap depends on its size and on
+the process's allocation history: glibc serves a large block from its heap only
+while its dynamic mmap threshold (raised by each freed mmapped block, at most to
+32 MiB) and heap trimming allow; otherwise it is a fresh ``mmap`` whose pages
+are faulted in and zeroed on first touch, then unmapped when the batch dies.
+Measured here, pulling a batch of 512 and dropping it:
 
-So fields of at least ``min_bytes`` (32 MiB) reuse the memory of a batch the
-learner has *already dropped*; smaller ones are left to the gather's own fresh
+- dim 20,000 (two 40 MB fields): 41.5 ms into fresh memory, 11-13 ms recycled;
+- dims 5,000 and 10,000 (10-20 MB fields): the same time either way in
+  isolation, while fresh allocations next to a learner's own ones made the same
+  inline loop swing between runs by up to 2x;
+- dims 128 and 1,000 (fields up to 2 MB): recycling's bookkeeping made pulls
+  5-15% slower than the allocator, which reuses such blocks at once.
+
+So fields of at least ``min_bytes`` (4 MiB) reuse the memory of a batch the
+learner has *already dropped*, and smaller ones are left to the gather's own
 allocation. Nothing is ever overwritten while any reference to a batch — the
 batch, one of its tensors, a view, a numpy array made from it — is alive.
 
@@ -68,10 +72,10 @@ class BatchMemory:
     held; more released blocks are simply freed.
     """
 
-    #: glibc's ceiling for its dynamic mmap threshold on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``)
-    MMAP_CEILING = 32 << 20
+    #: the smallest field recycled by default (see the module docstring for the measurements)
+    MIN_BYTES = 4 << 20
 
-    def __init__(self, keep: int = 4, layouts: int = 4, min_bytes: int = MMAP_CEILING) -> None:
+    def __init__(self, keep: int = 4, layouts: int = 4, min_bytes: int = MIN_BYTES) -> None:
         if keep < 1:
             raise ValueError(f"keep={keep}: hold at least one free block")
         self.keep = keep

@@ -15,8 +15,9 @@ one iteration and its whole update (``M`` mini-batches × epochs).
 - ``S_both``: what overlapping *both* paths costs beyond the two single-path
   costs (two workers and the learner's compute share the cores), paid by
   every schedule that overlaps both.
-- Eq. 2: minimise ``T_iter = T_ing_path + T_del_path (+ S_both)`` over every
-  feasible schedule; exposed experience-path latency is
+- Eq. 2: minimise ``T_iter = max(T_ing_path + T_del_path (+ S_both),
+  T_rollout + T_update)`` over every feasible schedule (the loop's own work is
+  never hidden); exposed experience-path latency is
   ``T_iter − T_rollout − T_update``.
 
 ``S(g)`` is whatever overlap costs beyond the hidden work: a part paid **per
@@ -156,6 +157,9 @@ def predict(costs: Costs, schedule: Schedule) -> Prediction:
     ing = _path(costs.t_rollout, costs.per_iteration_ing(i.granularity), i, costs.sync_ing(i.granularity))
     dlv = _path(costs.t_update, costs.per_iteration_del(d.granularity), d, costs.sync_del(d.granularity))
     t_iter = ing + dlv + costs.t_other + (costs.s_both if i.overlap and d.overlap else 0.0)
+    # the loop's own rollout and update can never be hidden: a negative S_both (both paths overlapped hid
+    # more than each alone) lowers T_iter at most to that bound, where schedules tie (exposed latency 0)
+    t_iter = max(t_iter, costs.t_rollout + costs.t_update + costs.t_other)
     return Prediction(t_iter, t_iter - costs.t_rollout - costs.t_update, ing, dlv, schedule)
 
 

@@ -10,8 +10,9 @@ Measured here, pulling a batch of 512 and dropping it:
 
 - dim 20,000 (two 40 MB fields): 41.5 ms into fresh memory, 11-13 ms recycled;
 - dims 5,000 and 10,000 (10-20 MB fields): the same time either way in
-  isolation, while fresh allocations next to a learner's own ones made the same
-  inline loop swing between runs by up to 2x;
+  isolation (in the synthetic loop, next to a learner's own allocations, the
+  same inline configuration with fresh batches swung between runs by up to 2x;
+  the allocator is a suspect there, not a proven cause);
 - dims 128 and 1,000 (fields up to 2 MB): recycling's bookkeeping made pulls
   5-15% slower than the allocator, which reuses such blocks at once.
 

@@ -16,8 +16,8 @@ one iteration and its whole update (``M`` mini-batches × epochs).
   costs (two workers and the learner's compute share the cores), paid by
   every schedule that overlaps both.
 - Eq. 2: minimise ``T_iter = max(T_ing_path + T_del_path (+ S_both),
-  T_rollout + T_update)`` over every feasible schedule (the loop's own work is
-  never hidden); exposed experience-path latency is
+  T_rollout + T_update) + t_other`` over every feasible schedule (the loop's
+  own work is never hidden); exposed experience-path latency is
   ``T_iter − T_rollout − T_update``.
 
 ``S(g)`` is whatever overlap costs beyond the hidden work: a part paid **per

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace, seed: int, deadline: float) -> dict[str, list[
                 }
                 history[label].append(row)
                 print(f"[seed {seed} {label}] iter {it + 1}: return {ret if ret is None else round(ret, 1)}, "
-                      f"{wall:.2f}s (total {row['wall_total_s']:.0f}s)", flush=True)
+                      f"{wall:.2f}s (total {row['wall_total_s']:.0f}s)", file=sys.stderr, flush=True)
                 if ret is not None and ret >= args.threshold:
                     done.add(label)
             if len(done) == len(algos) or time.monotonic() > deadline:

@@ -337,3 +337,21 @@ def test_markdown_document_has_both_sections(tiny_result: MicroResult) -> None:
 
 def test_missing_is_json_friendly() -> None:
     assert Missing("a", "b", "c").to_json() == {"name": "a", "library": "b", "reason": "c"}
+
+
+def test_the_one_command_behind_benchmarks_md_names_commands_that_exist() -> None:
+    """scripts/bench-all.sh reproduces every table of BENCHMARKS.md: it must parse, and every script and example
+    it runs must exist and be the ones BENCHMARKS.md lists for its RLlib tables."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = root / "scripts" / "bench-all.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    runs = re.findall(r"^\s*rllib (\S+\.py)(.*)$", script.read_text(), flags=re.M)
+    assert len(runs) >= 5
+    listed = (root / "BENCHMARKS.md").read_text()
+    for path, args in runs:
+        assert (root / path).is_file(), path
+        assert f"python {path}{args}".rstrip() in listed or f"{path}{args}".rstrip() in listed, (path, args)

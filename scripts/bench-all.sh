@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Reproduce every table in BENCHMARKS.md with one command (from a source checkout):
+#   1. conduit bench all   — micro-benchmark, synthetic loop, cost-model validation (~25-30 min on 2 cores)
+#   2. the RLlib tables    — DQN convergence on CartPole, large observations, DQN/PPO side by side (~15 min)
+# Sets up .venv with the bench and rllib extras first (scripts/bootstrap.sh). Writes the tables, in the
+# order of BENCHMARKS.md, to OUT (default bench-results.md) and the figures next to it.
+#   scripts/bench-all.sh [OUT.md] [--only-rllib | --no-rllib]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="bench-results.md"
+conduit_part=1
+rllib_part=1
+for arg in "$@"; do
+  case "$arg" in
+    --only-rllib) conduit_part=0 ;;
+    --no-rllib) rllib_part=0 ;;
+    -*) echo "bench-all: unknown option $arg" >&2; exit 2 ;;
+    *) out="$arg" ;;
+  esac
+done
+scripts/bootstrap.sh "bench,rllib"
+py=.venv/bin/python
+figures="$(dirname "$out")"
+: >"$out"
+
+if [ "$conduit_part" = 1 ]; then
+  echo "bench-all: conduit bench all (tables -> $out, figures -> $figures)" >&2
+  part=$(mktemp)
+  .venv/bin/conduit bench all --markdown "$part" --plot-dir "$figures"
+  cat "$part" >>"$out"
+  rm -f "$part"
+fi
+
+if [ "$rllib_part" = 1 ]; then
+  # the RLlib runs share two cores with Ray's workers: one intra-op thread each, as in BENCHMARKS.md
+  export OMP_NUM_THREADS=1
+  rllib() {  # heading, then the command's markdown (its progress lines go to stderr)
+    echo "bench-all: $*" >&2
+    { printf '\n### `%s`\n\n' "$*"; "$py" "$@" 2> >(cat >&2); } >>"$out"
+  }
+  printf '\n## RLlib: DQN, SAC and PPO with the adapter\n' >>"$out"
+  rllib scripts/bench_rllib_convergence.py --threshold 150 --seeds 0 1 2
+  rllib examples/rllib_large_obs.py --iterations 8
+  rllib examples/rllib_large_obs.py --iterations 8 --prefetch
+  rllib examples/rllib_dqn_cartpole.py --compare --iterations 8
+  rllib examples/rllib_ppo_cartpole.py --compare --iterations 8
+fi
+echo "bench-all: wrote $out" >&2

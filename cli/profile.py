@@ -136,7 +136,7 @@ def _profile_one(console: Console, w: SyntheticWorkload, g_max: int, check: bool
             for name, sched in (("inline", baseline.schedule), ("chosen", chosen.schedule)):
                 res = run_loop(w, sched, iterations=25, warmup=5, pool=pool)
                 measured[name] = {
-                    "t_iter_s": res.median,
+                    "t_iter_s": res.steady,
                     "exposed_s": res.exposed(result.costs.t_rollout, result.costs.t_update),
                 }
     doc = {

@@ -200,7 +200,7 @@ def run_config(
     tracer: Tracer | None = None,
     iterations: int | None = None,
 ) -> float:
-    """Median iteration time of one run of the loop under ``c``."""
+    """Steady time per iteration of one run of the loop under ``c`` (whole periods of its schedule)."""
     rollout, update = loop_callables(w, tracer)
     res = run_loop(
         w,
@@ -213,7 +213,7 @@ def run_config(
         pool=pool,
     )
     gc.collect()  # a closed runtime's buffer sits in reference cycles: free its storage before the next run
-    return res.median
+    return res.steady
 
 
 def run_workload(

@@ -86,7 +86,7 @@ class ConfigResult:
     kind: str
     placement: str
     schedule: Schedule | None
-    t_iter: float | None = None  # median over repeats of each run's median iteration
+    t_iter: float | None = None  # median over repeats of each run's steady time per iteration
     exposed: float | None = None
     reduction: float | None = None  # 1 - exposed / exposed(inline)
     predicted_exposed: float | None = None

@@ -56,7 +56,7 @@ def _cell(c: ConfigResult | None) -> str:
 
 
 def _spread_note(ws: list[WorkloadResult]) -> list[str]:
-    """How noisy the repeats were: max/min of each configuration's per-run median iteration time."""
+    """How noisy the repeats were: max/min of each configuration's per-run time per iteration."""
     spreads = [
         (max(c.samples) / min(c.samples), c.name, w)
         for w in ws
@@ -68,8 +68,8 @@ def _spread_note(ws: list[WorkloadResult]) -> list[str]:
     spreads.sort(key=lambda x: x[0])
     mid, (worst, name, w) = spreads[len(spreads) // 2][0], spreads[-1]
     return [
-        f"T_iter spread over the {len(spreads[0][2].configs[0].samples)} repeats (max/min of the per-run medians): "
-        f"median {mid:.2f}, worst {worst:.2f} ({name}, {_scope(w)})"
+        f"T_iter spread over the {len(spreads[0][2].configs[0].samples)} repeats "
+        f"(max/min of the per-run times per iteration): median {mid:.2f}, worst {worst:.2f} ({name}, {_scope(w)})"
     ]
 
 

@@ -25,6 +25,9 @@ the last mini-batch of an iteration on-policy), in the caller's thread:
    scratch runtimes fed the captured units (:mod:`~conduit.scheduling.profiler`),
    then ``probe`` live iterations each of all-inline and of each path overlapped,
    which fit ``t_other`` and ``T_sync`` (:func:`~conduit.scheduling.profiler.fit_sync`).
+   A probe's figure is its time per iteration over whole periods of the probed
+   schedule (:mod:`~conduit.scheduling.steady`), never the median iteration,
+   which drops the bursts of a coarse granularity.
 3. **verify** — Eq. 2 ranks every feasible schedule; the model's ``verify``
    best and its best of each overlap family (``profiler.shortlist``; those not
    measured already as probes) run ``probe`` live iterations each, and the
@@ -63,6 +66,7 @@ from conduit.scheduling.profiler import (
     shortlist,
 )
 from conduit.scheduling.space import Policy, Schedule, feasible_schedules
+from conduit.scheduling.steady import period, steady_time
 from conduit.storage.policy import FixedStorage
 
 __all__ = ["AutoPlanner", "PlanEvent"]
@@ -180,16 +184,16 @@ class AutoPlanner:
     def _advance(self) -> None:
         if self.phase is Phase.OBSERVE and len(self._win.t_iter) >= self.observe_n and self._pool:
             self._profile()
-        elif self.phase is Phase.PROBE and len(self._probe_times) >= self.probe_n:
-            self._measured[self._probe_queue[0]] = statistics.median(self._probe_times[2:] or self._probe_times)
+        elif self.phase is Phase.PROBE and self._probe_done():
+            self._measured[self._probe_queue[0]] = self._probe_time()
             self._probe_queue.pop(0)
             self._probe_times = []
             if self._probe_queue:
                 self.rt.reschedule(self._probes[self._probe_queue[0]])
             else:
                 self._rank()
-        elif self.phase is Phase.VERIFY and len(self._probe_times) >= self.probe_n:
-            self.verified[self._verify_queue.pop(0)] = statistics.median(self._probe_times[2:] or self._probe_times)
+        elif self.phase is Phase.VERIFY and self._probe_done():
+            self.verified[self._verify_queue.pop(0)] = self._probe_time()
             self._probe_times = []
             if self._verify_queue:
                 self.rt.reschedule(self._verify_queue[0])
@@ -261,7 +265,7 @@ class AutoPlanner:
             return
         if self.prediction is None or len(self._recent) < self.window:
             return
-        measured = statistics.median(self._recent)
+        measured = steady_time(list(self._recent), self._period())
         if abs(measured - self.prediction.t_iter) > self.drift * self.prediction.t_iter:
             self._replan(
                 f"measured T_iter {measured * 1e3:.3f} ms drifted from the predicted "
@@ -277,6 +281,20 @@ class AutoPlanner:
         self.phase = Phase.OBSERVE
 
     # -- helpers -----------------------------------------------------------------
+    _PROBE_SKIP = 2  # iterations a probe drops after a reschedule (the new schedule's first invocations)
+
+    def _period(self) -> int:
+        return period(self.rt.schedule, self.rt.config.policy)
+
+    def _probe_done(self) -> bool:
+        """At least ``probe`` iterations, and whole periods of the running schedule after the skipped ones."""
+        p, kept = self._period(), len(self._probe_times) - self._PROBE_SKIP
+        return len(self._probe_times) >= self.probe_n and kept >= p and kept % p == 0
+
+    def _probe_time(self) -> float:
+        """The running schedule's time per iteration over the probe (whole periods; see ``steady``)."""
+        return steady_time(self._probe_times[self._PROBE_SKIP :], self._period())
+
     def _buffer_migrations(self) -> int:
         buf = self.rt.buffer
         return buf.migrations if isinstance(buf, ReplayBuffer) else 0

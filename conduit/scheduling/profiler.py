@@ -425,7 +425,8 @@ def interleaved_medians(
     progress: Progress | None = None,
     label: str = "",
 ) -> dict[Schedule, float]:
-    """Median ``T_iter`` of each schedule over ``rounds`` runs of the loop, interleaved.
+    """``T_iter`` of each schedule: the median over ``rounds`` interleaved runs of the loop of each run's
+    steady time per iteration (:attr:`~conduit.synthetic.LoopResult.steady`: whole periods, not the median iteration).
 
     The order alternates from round to round, so slow drift of the machine (a
     neighbour's job starting) does not favour whichever runs first, and one
@@ -436,5 +437,5 @@ def interleaved_medians(
         for s in schedules if r % 2 == 0 else list(reversed(schedules)):
             if progress:
                 progress(f"{label}{s}")
-            samples[s].append(run_loop(workload, s, iterations, warmup, pool=pool).median)
+            samples[s].append(run_loop(workload, s, iterations, warmup, pool=pool).steady)
     return {s: statistics.median(v) for s, v in samples.items()}

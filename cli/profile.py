@@ -243,7 +243,7 @@ def _validate(console: Console, fields: dict[str, Any], dims: list[int], g_max: 
     progress = Progress(*columns, console=console, transient=True, disable=quiet)
     with progress as bar:
         task = bar.add_task("validating")
-        thorough = ProfileSettings(calibration_rounds=3, verify_rounds=3)  # validation may take minutes
+        thorough = ProfileSettings.thorough()  # validation may take minutes
         rep = validate(workloads, settings=thorough, g_max=g_max, progress=lambda m: bar.update(task, description=m))
     rows = []
     for d in rep.dimensions:
@@ -256,6 +256,7 @@ def _validate(console: Console, fields: dict[str, Any], dims: list[int], g_max: 
             "costs": _costs_json(d.profile.costs),
             "rows": [{"schedule": s.to_json(), "predicted_s": p, "measured_s": m} for s, p, m in d.rows],
             "rematch_s": [{"schedule": s.to_json(), "measured_s": m} for s, m in d.rematch.items()],
+            "verified_s": [{"schedule": s.to_json(), "measured_s": m} for s, m in d.profile.verified.items()],
         })
     doc = {"pearson_r": rep.pearson_r, "mape_pct": rep.mape, "dimensions": rows}
     if not quiet:

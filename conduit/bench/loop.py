@@ -230,7 +230,7 @@ def run_workload(
     say = progress or (lambda _m: None)
     auto = auto or FixedStorage("cpu")
     say("profiling")
-    thorough = ProfileSettings(calibration_rounds=3, verify_rounds=3)  # as `conduit profile --validate` plans
+    thorough = ProfileSettings.thorough()  # as `conduit profile --validate` plans
     prof = profile_workload(w, settings=thorough, g_max=settings.g_max)
     chosen = prof.choice  # the model's shortlist, verified on the loop (as conduit profile plans)
     configs, unavailable = build_configs(w, chosen.schedule, auto_placement)

@@ -73,6 +73,17 @@ class ProfileSettings:
     verify_margin: float = 0.03  # the model's minimum stays the plan unless a verified schedule beats it by more
     scratch_bytes: int = 256 << 20  # scratch replay buffers hold at most this much
 
+    @classmethod
+    def thorough(cls) -> ProfileSettings:
+        """For runs that may take minutes (``conduit profile --validate``, ``conduit bench synthetic``).
+
+        More rounds where single short runs decide: the shortlist's candidates
+        are often within 5-10% of each other, about one run's noise on a
+        shared machine (measured: verification in three rounds kept a schedule
+        7% slower than one next to it in the ranking).
+        """
+        return cls(calibration_rounds=3, verify_rounds=5)
+
 
 @dataclass(frozen=True)
 class ProfileResult:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
+
+import pytest
 import torch
 
 from conduit import Conduit, ExperienceSpec, FieldSpec
 from conduit.scheduling.auto import AutoPlanner, Phase
 from conduit.scheduling.model import rank
 from conduit.scheduling.profiler import settle, shortlist
-from conduit.scheduling.space import feasible_schedules, is_feasible_mode
+from conduit.scheduling.space import Mode, Schedule, feasible_schedules, is_feasible_mode
 from conduit.synthetic import Burner, CostKind
 from tests.helpers import transitions
 
@@ -28,12 +31,22 @@ def _loop(edp, iterations, start=0, dim=4, rollout_ms=0.5, update_ms=1.0):
     return pushed
 
 
+def _until_planned(edp, planner, limit):
+    """Iterations until the planner runs its plan: probes last whole periods of their schedules, so it varies."""
+    pushed = 0
+    for _ in range(limit):
+        pushed = _loop(edp, 1, start=pushed)
+        if planner.phase is Phase.RUN:
+            return pushed
+    raise AssertionError(f"no plan after {limit} iterations (phase {planner.phase})")
+
+
 def test_planner_profiles_probes_and_settles_on_a_feasible_minimum():
     edp = Conduit(policy="off_policy", train_batch_size=8, capacity=4096, min_size_to_sample=8, g_max=3, seed=0)
     planner = AutoPlanner(edp, observe=4, probe=4, window=1000)
     with edp:
-        pushed = _loop(edp, 60)  # observe, probes, then up to six verified schedules
-        assert planner.phase is Phase.RUN
+        # observe 4, six probes of 4-5, then up to six verified schedules of up to 2 + 6 (g = 2 and 3: period 6)
+        pushed = _until_planned(edp, planner, 4 + 6 * 5 + 6 * 8)
         event = planner.history[-1]
         assert event.reason == "planned" and edp.schedule == event.schedule
         costs = planner.costs
@@ -57,8 +70,7 @@ def test_planner_replans_when_the_buffer_migrates():
     edp = Conduit(policy="off_policy", train_batch_size=8, capacity=4096, min_size_to_sample=8, g_max=2, seed=0, spec=spec)
     planner = AutoPlanner(edp, observe=3, probe=3, window=1000)
     with edp:
-        pushed = _loop(edp, 40)
-        assert planner.phase is Phase.RUN
+        pushed = _until_planned(edp, planner, 3 + 6 * 4 + 6 * 4)
         _loop(edp, 3, start=pushed, dim=6)  # obs grows: the buffer re-lays out (migrates)
         assert any("migration" in e.reason for e in planner.history)
         assert planner.phase in (Phase.OBSERVE, Phase.PROBE, Phase.RUN)
@@ -86,3 +98,18 @@ def test_on_policy_planner_only_ever_runs_feasible_modes():
     for s in seen:
         assert is_feasible_mode(edp.config.policy, s.ingestion, space_i)
         assert is_feasible_mode(edp.config.policy, s.delivery, space_d)
+
+
+def test_a_probe_lasts_whole_periods_of_the_probed_schedule():
+    edp = Conduit(policy="off_policy", train_batch_size=8, capacity=4096, min_size_to_sample=8, g_max=3, seed=0)
+    planner = AutoPlanner(edp, observe=4, probe=4, window=1000)
+    edp.reschedule(Schedule(Mode(False, Fraction(2)), Mode(False, Fraction(3))))  # bursts repeat every 6 iterations
+    done = []
+    for n in range(1, 16):
+        planner._probe_times = [0.010] * n
+        done.append(planner._probe_done())
+    assert [n for n, d in zip(range(1, 16), done) if d] == [8, 14]  # 2 skipped + 6, + 12
+    # two skipped iterations, then a burst every third
+    planner._probe_times = [0.5, 0.5, 0.010, 0.010, 0.016, 0.010, 0.010, 0.016]
+    assert planner._probe_time() == pytest.approx(0.012)  # the mean over the period, not the median 0.010
+    edp.close()

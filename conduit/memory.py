@@ -6,17 +6,21 @@ the process's allocation history: glibc serves a large block from its heap only
 while its dynamic mmap threshold (raised by each freed mmapped block, at most to
 32 MiB) and heap trimming allow; otherwise it is a fresh ``mmap`` whose pages
 are faulted in and zeroed on first touch, then unmapped when the batch dies.
-Measured here, pulling a batch of 512 and dropping it:
+Measured here, pulling a batch of 512, reading it and dropping it (fresh memory
+against recycled, interleaved in one process):
 
-- dim 20,000 (two 40 MB fields): 41.5 ms into fresh memory, 11-13 ms recycled;
-- dims 5,000 and 10,000 (10-20 MB fields): the same time either way in
-  isolation (in the synthetic loop, next to a learner's own allocations, the
-  same inline configuration with fresh batches swung between runs by up to 2x;
-  the allocator is a suspect there, not a proven cause);
-- dims 128 and 1,000 (fields up to 2 MB): recycling's bookkeeping made pulls
-  5-15% slower than the allocator, which reuses such blocks at once.
+- dim 20,000 (two 40 MB fields): 41.5 ms fresh, 11-13 ms recycled;
+- dims 600 and 1,000 (1.2 and 2 MB fields): 1.49 vs 0.81 ms and 2.17 vs 1.10
+  ms — fresh memory 1.8-2x slower (a run of the micro-benchmark measured the
+  same at dim 1,000: every peer that allocates per batch at ~2 ms, Conduit's
+  fixed-memory variant at 0.86);
+- dims 2,000 and 5,000 (4 and 10 MB fields): the same either way in this
+  process (in the synthetic loop, next to a learner's own allocations, fresh
+  batches swung between runs by up to 2x);
+- dims 128, 256 and 400 (256-800 KB fields): recycling's bookkeeping made pulls
+  13-18% slower than the allocator, which reuses such blocks at once.
 
-So fields of at least ``min_bytes`` (4 MiB) reuse the memory of a batch the
+So fields of at least ``min_bytes`` (1 MiB) reuse the memory of a batch the
 learner has *already dropped*, and smaller ones are left to the gather's own
 allocation. Nothing is ever overwritten while any reference to a batch — the
 batch, one of its tensors, a view, a numpy array made from it — is alive.
@@ -74,7 +78,7 @@ class BatchMemory:
     """
 
     #: the smallest field recycled by default (see the module docstring for the measurements)
-    MIN_BYTES = 4 << 20
+    MIN_BYTES = 1 << 20
 
     def __init__(self, keep: int = 4, layouts: int = 4, min_bytes: int = MIN_BYTES) -> None:
         if keep < 1:

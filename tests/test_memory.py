@@ -162,13 +162,13 @@ def test_small_fields_are_left_to_the_gather_and_large_ones_are_recycled():
     assert memory.take(spec, 8) is None  # no field of 8 rows reaches min_bytes: nothing to track
 
 
-def test_by_default_only_fields_of_4_mib_and_up_are_recycled():
+def test_by_default_only_fields_of_1_mib_and_up_are_recycled():
     """Smaller blocks the allocator reuses at once (measured faster than recycling's bookkeeping)."""
     memory = BatchMemory()
-    spec = ExperienceSpec.of(obs=((1000,), "float32"), big=((5_000,), "float32"))
-    out = memory.take(spec, 512)  # obs: 2 MB, big: 10 MB
+    spec = ExperienceSpec.of(obs=((400,), "float32"), big=((1_000,), "float32"))
+    out = memory.take(spec, 512)  # obs: 800 KB, big: 2 MB
     assert out is not None and set(out) == {"big"}
-    assert memory.take(ExperienceSpec.of(obs=((1000,), "float32")), 512) is None
+    assert memory.take(ExperienceSpec.of(obs=((400,), "float32")), 512) is None
 
 
 def test_another_layout_starts_new_free_lists():

@@ -45,8 +45,9 @@ def test_planner_profiles_probes_and_settles_on_a_feasible_minimum():
     edp = Conduit(policy="off_policy", train_batch_size=8, capacity=4096, min_size_to_sample=8, g_max=3, seed=0)
     planner = AutoPlanner(edp, observe=4, probe=4, window=1000)
     with edp:
-        # observe 4, six probes of 4-5, then up to six verified schedules of up to 2 + 6 (g = 2 and 3: period 6)
-        pushed = _until_planned(edp, planner, 4 + 6 * 5 + 6 * 8)
+        # the clock's first pull, observe 4, six probes of 4-5, then up to six verified schedules of up to 2 + 6
+        # iterations (g = 2 and 3: period 6); bounded, with room
+        pushed = _until_planned(edp, planner, 2 * (1 + 4 + 6 * 5 + 6 * 8))
         event = planner.history[-1]
         assert event.reason == "planned" and edp.schedule == event.schedule
         costs = planner.costs
@@ -70,7 +71,7 @@ def test_planner_replans_when_the_buffer_migrates():
     edp = Conduit(policy="off_policy", train_batch_size=8, capacity=4096, min_size_to_sample=8, g_max=2, seed=0, spec=spec)
     planner = AutoPlanner(edp, observe=3, probe=3, window=1000)
     with edp:
-        pushed = _until_planned(edp, planner, 3 + 6 * 4 + 6 * 4)
+        pushed = _until_planned(edp, planner, 2 * (1 + 3 + 6 * 4 + 6 * 4))
         _loop(edp, 3, start=pushed, dim=6)  # obs grows: the buffer re-lays out (migrates)
         assert any("migration" in e.reason for e in planner.history)
         assert planner.phase in (Phase.OBSERVE, Phase.PROBE, Phase.RUN)

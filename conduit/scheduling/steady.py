@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from fractions import Fraction
 
 from conduit.scheduling.space import Policy, Schedule
 
@@ -39,7 +38,7 @@ def period(schedule: Schedule, policy: Policy) -> int:
     if policy is Policy.ON_POLICY:
         return 1
     # a path invoked every a/b iterations (in lowest terms) completes whole invocations every a iterations
-    return max(1, math.lcm(*(Fraction(m.granularity).numerator for m in (schedule.ingestion, schedule.delivery))))
+    return max(1, math.lcm(schedule.ingestion.granularity.numerator, schedule.delivery.granularity.numerator))
 
 
 def steady_time(times: Sequence[float], period: int = 1) -> float:

@@ -59,6 +59,22 @@ def test_numpy_is_converted_without_copy():
     assert out["obs"][0, 0] == 7.0
 
 
+def test_numpy_arrays_of_any_layout_are_accepted_and_their_values_kept():
+    """Writeable arrays take the fast path without a copy; reversed or read-only ones the general path."""
+    spec = ExperienceSpec.of(obs=((2,), "float32"), action=((), "int64"))
+    obs = np.arange(6, dtype=np.float32).reshape(3, 2)
+    act = np.array([4, 5, 6], dtype=np.int64)
+    fast = spec.validate({"obs": obs, "action": act})
+    assert fast["obs"].data_ptr() == obs.ctypes.data and fast["action"].tolist() == [4, 5, 6]
+    reversed_ = spec.validate({"obs": obs[::-1], "action": act[::-1]})
+    assert reversed_["obs"].tolist() == [[4.0, 5.0], [2.0, 3.0], [0.0, 1.0]] and reversed_["action"].tolist() == [6, 5, 4]
+    frozen = act.copy()
+    frozen.flags.writeable = False
+    assert spec.validate({"obs": obs, "action": frozen})["action"].tolist() == [4, 5, 6]
+    with pytest.raises(SpecError, match="action"):
+        spec.validate({"obs": obs, "action": act.reshape(3, 1)})
+
+
 def test_growable_field_accepts_larger_trailing_shape_and_reports_growth():
     spec = ExperienceSpec.of(obs=FieldSpec("obs", (4,), torch.float32, growable=True))
     big = {"obs": torch.zeros(2, 6)}

@@ -134,6 +134,50 @@ def test_close_releases_and_devices_are_reported(make: Factory) -> None:
     s.close()
 
 
+# -- the write fast path ------------------------------------------------------------------
+FIXED = ExperienceSpec.of(  # no growable field: writes take the fast path (numpy for small copies)
+    obs=((3,), "float32"), action=((), "int64"), done=((), "bool"), img=((2, 2), "uint8"), q=((2,), "bfloat16"),
+)
+
+
+def fixed_rows(start: int, n: int) -> dict[str, torch.Tensor]:
+    data = rows_of(start, n)
+    data["q"] = torch.arange(start, start + n).to(torch.bfloat16).unsqueeze(1).expand(-1, 2)  # a stride-0 view
+    return data
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fast_writes_equal_the_reference_whatever_the_source_tensor(make: Factory, threads: int) -> None:
+    """One-row and ring-end writes, through numpy or torch, from strided, grad-requiring or bfloat16 sources."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        s, ref = make(FIXED, ROWS), Reference(FIXED, ROWS)
+        pos = 0
+        for n in (1, 1, 5, 16, ROWS, 1, 7):  # the ring end is reached exactly, never crossed, then wrapped
+            data = fixed_rows(100 + pos, n)
+            if n == 5:
+                data["obs"] = data["obs"].t().contiguous().t()  # column-major: a strided source
+            if n == 16:
+                data["obs"] = data["obs"].clone().requires_grad_(True)  # numpy refuses it; torch copies it
+            s.write(pos, data)
+            ref.write(pos, {k: v.detach() for k, v in data.items()})
+            pos = (pos + n) % ROWS
+        assert_same(s.read(0, ROWS), ref.gather(list(range(ROWS))))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_large_writes_below_and_above_the_parallel_grain_land_in_place() -> None:
+    spec = ExperienceSpec.of(obs=((4096,), "float32"), done=((), "bool"))
+    s = TensorStorage(spec, 40, "cpu")
+    for start, n in ((0, 7), (7, 9), (16, 24)):  # 7 rows: under ATen's grain, 9 and 24: over it
+        s.write(start, {"obs": torch.full((n, 4096), float(start)), "done": torch.ones(n, dtype=torch.bool)})
+    out = s.read(0, 40)
+    assert out["obs"][:, 0].tolist() == [0.0] * 7 + [7.0] * 9 + [16.0] * 24
+    assert bool(out["done"].all()) and torch.equal(out["obs"], out["obs"][:, :1].expand(-1, 4096))
+
+
 # -- layouts --------------------------------------------------------------------------------
 def test_layout_validation_names_the_problem() -> None:
     with pytest.raises(PlacementError, match="shard_rows"):

@@ -1,6 +1,7 @@
 """``conduit bench``: micro and synthetic benchmarks against the peers (issue 6).
 
-- ``conduit bench micro`` — ingestion (extend by 256) and delivery (a batch of
+- ``conduit bench micro`` — ingestion (extend by 256, or ``--chunk`` rows: 1 is
+  a loop that adds each environment step) and delivery (a batch of
   512, uniform and prioritized) against TorchRL, cpprb, a numpy ring, plain
   torch ``index_select`` and the memcpy bound, interleaved, medians and ratios.
 - ``conduit bench synthetic`` — the paper's synthetic actor/learner loop:
@@ -133,10 +134,12 @@ def micro_settings(
     prefetch: int,
     peers: str,
     threads: int,
+    chunk: int = 256,
 ) -> MicroSettings:
     return MicroSettings(
         dims=_ints(dims, "--dims"),
         capacity=capacity,
+        chunk=chunk,
         memory_gib=memory_gib,
         repeats=repeats,
         block_s=block_ms / 1e3,
@@ -161,6 +164,9 @@ def micro(
     dims: str = typer.Option("128,1000,5000", help="Transition dimensions (float32 obs and next_obs)."),
     capacity: int = typer.Option(100_000, min=1, help="Transitions per storage (lowered to fit --memory-gib)."),
     memory_gib: float = typer.Option(6.0, min=0.01, help="Memory budget for all peers' storages of one dimension."),
+    chunk: int = typer.Option(
+        256, min=1, help="Transitions per ingestion call (extend / add / push); 1: one environment step at a time."
+    ),
     repeats: int = typer.Option(9, min=1, help="Interleaved repeats; medians are reported."),
     block_ms: float = typer.Option(50.0, min=0.1, help="Target length of one timed block of operations."),
     granularities: str = typer.Option("1,2,4", help="Conduit granularities to time besides inline g=1."),
@@ -175,7 +181,7 @@ def micro(
 ) -> None:
     """Ingestion and delivery throughput of Conduit and its peers, side by side."""
     settings = micro_settings(
-        dims, capacity, memory_gib, repeats, block_ms, granularities, overlap, prefetch, peers, threads
+        dims, capacity, memory_gib, repeats, block_ms, granularities, overlap, prefetch, peers, threads, chunk
     )
     _check_plot(plot)
     console = Console(stderr=as_json)

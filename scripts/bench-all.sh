@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce every table in BENCHMARKS.md with one command (from a source checkout):
-#   1. conduit bench all   — micro-benchmark, synthetic loop, cost-model validation (~25-30 min on 2 cores)
+#   1. conduit bench all   — micro-benchmark, synthetic loop, cost-model validation (~25-30 min on 2 cores),
+#      then the micro-benchmark once more with one transition per push (~3 min)
 #   2. the RLlib tables    — DQN convergence on CartPole, large observations, DQN/PPO side by side (~15 min)
 # Sets up .venv with the bench and rllib extras first (scripts/bootstrap.sh). Writes the tables, in the
 # order of BENCHMARKS.md, to OUT (default bench-results.md) and the figures next to it.
@@ -28,6 +29,10 @@ if [ "$conduit_part" = 1 ]; then
   part=$(mktemp)
   .venv/bin/conduit bench all --markdown "$part" --plot-dir "$figures"
   cat "$part" >>"$out"
+  # a loop that adds every environment step as it comes (the issues' tables push chunks of 256)
+  .venv/bin/conduit bench micro --chunk 1 --dims 17,128,1000 --markdown "$part"
+  sed '1s/^## .*/## Micro-benchmarks: one transition per call (`conduit bench micro --chunk 1 --dims 17,128,1000`)/' \
+    "$part" >>"$out"
   rm -f "$part"
 fi
 

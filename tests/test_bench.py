@@ -110,6 +110,22 @@ def test_micro_json_carries_ratios_targets_and_missing(tiny_result: MicroResult)
     assert doc["machine"]["nproc"] >= 1 and doc["machine"]["torch"]
 
 
+def test_one_transition_chunks_are_timed_on_a_ring_filled_in_bulk() -> None:
+    """``--chunk 1`` (a loop adding every environment step): the fill still writes 256 rows a call."""
+    data = MicroData(8, 600, chunk=1)
+    assert data.fill_chunks == 3 and data.fill_chunk(2)["obs"].shape == (256, 8)
+    assert data.fill_chunk(2)["obs"][:, 0].tolist() == [float(i) for i in range(512, 768)]  # every row unique
+    assert data.chunks[0]["obs"].shape == (1, 8)
+    assert MicroData(8, 100).fill_chunk(0)["done"].shape == (100,)  # never more than the storage holds
+    result = run_micro(MicroSettings(**{**TINY.__dict__, "chunk": 1, "granularities": (1,), "overlap": False}))
+    (d,) = result.dims
+    bpt = 2 * 8 * 4 + 8 + 4 + 1
+    for role in (Role.CONDUIT, Role.SLICE_COPY, Role.NUMPY):
+        case = d.find(Op.INGEST, role)
+        assert case is not None and case.bytes_per_op == bpt and case.seconds > 0, role
+    assert "extend by 1 transition (" in "".join(to_markdown(t) for t in micro_tables(result))
+
+
 def test_a_missing_peer_is_reported_with_the_reason(ghost_peers: None) -> None:
     result = run_micro(MicroSettings(**{**TINY.__dict__, "peers": ("torch", "absent", "broken")}))
     missing = {m.name: m for m in result.dims[0].missing}

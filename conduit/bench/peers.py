@@ -107,10 +107,11 @@ class MicroData:
 
     dim: int
     capacity: int
-    chunk: int = 256
+    chunk: int = 256  # transitions per timed ingestion call (1: one environment step at a time)
     batch: int = 512
     seed: int = 0
     pool: int = 4
+    fill_rows: int = 256  # transitions per call of the untimed initial fill, whatever ``chunk`` is
 
     @property
     def bytes_per_transition(self) -> int:
@@ -125,15 +126,27 @@ class MicroData:
         return self.batch * self.bytes_per_transition
 
     @property
+    def fill_n(self) -> int:
+        """Rows per fill chunk (never more than the storage holds)."""
+        return min(self.fill_rows, self.capacity)
+
+    @property
     def fill_chunks(self) -> int:
-        """Chunks that fill a storage to capacity (the ring then wraps)."""
-        return -(-self.capacity // self.chunk)
+        """Fill chunks (:meth:`fill_chunk`) that fill a storage to capacity (the ring then wraps)."""
+        return -(-self.capacity // self.fill_n)
 
     @cached_property
     def chunks(self) -> list[dict[str, torch.Tensor]]:
         """A small pool of random chunks, reused round-robin (making data is not ingestion)."""
-        g = torch.Generator().manual_seed(self.seed)
-        n, d = self.chunk, self.dim
+        return self._pool(self.chunk, self.seed)
+
+    @cached_property
+    def fill_pool(self) -> list[dict[str, torch.Tensor]]:
+        return self.chunks if self.fill_n == self.chunk else self._pool(self.fill_n, self.seed + 7)
+
+    def _pool(self, n: int, seed: int) -> list[dict[str, torch.Tensor]]:
+        g = torch.Generator().manual_seed(seed)
+        d = self.dim
         return [
             {
                 "obs": torch.randn(n, d, generator=g),
@@ -156,8 +169,8 @@ class MicroData:
         real experience does: a ring of a few repeated chunks would let the host
         deduplicate pages and then pay copy-on-write on the first overwrite.
         """
-        base = self.chunks[k % self.pool]
-        stamp = torch.arange(k * self.chunk, (k + 1) * self.chunk, dtype=torch.float32)
+        base = self.fill_pool[k % self.pool]
+        stamp = torch.arange(k * self.fill_n, (k + 1) * self.fill_n, dtype=torch.float32)
         out = dict(base)
         for name in ("obs", "next_obs"):
             t = base[name].clone()
@@ -230,7 +243,7 @@ class TorchPlain(Peer):
         self._k = 0
 
     def _write(self, chunk: dict[str, torch.Tensor]) -> None:
-        n = self.data.chunk
+        n = chunk["done"].shape[0]  # a timed chunk or a fill chunk
         for dst, src, length in _ring_positions(self.pos, n, self.data.capacity):
             for name, t in self.storage.items():
                 t[dst : dst + length].copy_(chunk[name][src : src + length])
@@ -296,7 +309,7 @@ class NumpyRing(Peer):
         self._k = 0
 
     def _write(self, chunk: dict[str, np.ndarray]) -> None:
-        n = self.data.chunk
+        n = chunk["done"].shape[0]  # a timed chunk or a fill chunk
         for dst, src, length in _ring_positions(self.pos, n, self.data.capacity):
             for name, a in self.storage.items():
                 a[dst : dst + length] = chunk[name][src : src + length]

@@ -1,6 +1,6 @@
 """Conduit as a peer of the micro-benchmark, measured through its public API.
 
-Ingestion is ``edp.push`` of 256-transition chunks (then ``flush`` so
+Ingestion is ``edp.push`` of the benchmark's chunks (256 transitions by default; then ``flush`` so
 overlapped ingestion is timed to completion); delivery is ``edp.pull`` of a
 training batch. The headline is the inline schedule at ``g = 1`` (an RLlib-style
 buffer with Conduit's data path); the other schedules — granularities

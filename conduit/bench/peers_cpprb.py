@@ -1,7 +1,7 @@
 """cpprb as a peer: a C++/Cython replay buffer over numpy arrays, popular for its speed.
 
 ``ReplayBuffer`` and ``PrioritizedReplayBuffer`` with the benchmark's fields,
-``add`` of 256-transition numpy chunks, ``sample`` of a batch; the batch is
+``add`` of numpy chunks (256 transitions by default), ``sample`` of a batch; the batch is
 turned into torch tensors with ``torch.from_numpy`` (no copy), which is what a
 torch learner does with it.
 """

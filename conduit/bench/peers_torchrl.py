@@ -72,7 +72,7 @@ class TorchRLPeer(Peer):
         for rb in (self.rb, self.rb_prio):
             if rb is not None:
                 for k in range(self.data.fill_chunks):
-                    rb.extend(TensorDict(self.data.fill_chunk(k), batch_size=[self.data.chunk]))
+                    rb.extend(TensorDict(self.data.fill_chunk(k), batch_size=[self.data.fill_n]))
 
     def _extend(self, rb: Any) -> Any:
         def block(n: int) -> None:

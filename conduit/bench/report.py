@@ -107,6 +107,9 @@ def micro_ratios(d: DimResult) -> dict[str, float | None]:
     }
 
 
+#: (ingestion chunk, training batch) the targets are set for (issues #2 and #6)
+TARGET_SHAPE = (256, 512)
+
 #: (issue, name, ratio key, threshold, at_most)
 MICRO_TARGETS: tuple[tuple[int, str, str, float, bool], ...] = (
     (2, "delivery: pull (inline g=1) within 1.25x of index_select", "pull/index_select", 1.25, True),
@@ -157,6 +160,10 @@ RATIO_TITLE = (
 )
 
 
+def _transitions(n: int) -> str:
+    return "1 transition" if n == 1 else f"{n:,} transitions"
+
+
 def micro_tables(result: MicroResult) -> list[TableData]:
     dims = [f"dim {d.dim:,}" for d in result.dims]
     caps = ", ".join(f"{d.dim:,}: {d.capacity:,}" for d in result.dims)
@@ -174,7 +181,7 @@ def micro_tables(result: MicroResult) -> list[TableData]:
         )
     tables = [
         TableData(
-            f"Ingestion: extend by {s.chunk} transitions (median time per chunk · throughput)",
+            f"Ingestion: extend by {_transitions(s.chunk)} (median time per chunk · throughput)",
             ["peer", *dims],
             _case_rows(result, Op.INGEST, Sampling.NONE),
             notes,
@@ -185,7 +192,7 @@ def micro_tables(result: MicroResult) -> list[TableData]:
             _case_rows(result, Op.DELIVER, Sampling.UNIFORM),
         ),
         TableData(
-            f"Prioritized: extend by {s.chunk} / sample {s.batch}",
+            f"Prioritized: extend by {_transitions(s.chunk)} / sample {s.batch}",
             ["peer", *dims],
             _case_rows(result, Op.INGEST, Sampling.PRIORITIZED) + _case_rows(result, Op.DELIVER, Sampling.PRIORITIZED),
         ),
@@ -211,7 +218,13 @@ def micro_tables(result: MicroResult) -> list[TableData]:
                 *(f"{fmt_ratio(t.value)} {t.verdict}" for t in ts),
             ]
         )
-    tables.append(TableData("Targets", ["issue", "target", "criterion", *dims], rows))
+    title = "Targets"
+    if (s.chunk, s.batch) != TARGET_SHAPE:
+        title += (
+            f" (the issues set them for chunks of {TARGET_SHAPE[0]} and batches of {TARGET_SHAPE[1]}; "
+            f"this run's chunks of {s.chunk:,} and batches of {s.batch:,} read them for reference only)"
+        )
+    tables.append(TableData(title, ["issue", "target", "criterion", *dims], rows))
     return tables
 
 

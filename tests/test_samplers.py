@@ -46,6 +46,40 @@ def test_sumtree_matches_naive_prefix_search(capacity, ops):
         assert cums[f] - naive[f] - tol <= p <= cums[f] + tol
 
 
+@given(
+    capacity=st.integers(1, 300),
+    batches=st.lists(
+        st.lists(st.tuples(st.integers(0, 299), st.sampled_from([0.0, 1e-300, 0.25, 1.0, 3.5, 1e6])), max_size=40),
+        min_size=1, max_size=12,
+    ),
+)
+def test_sumtree_path_updates_equal_level_updates_bit_for_bit(capacity, batches):
+    """Few leaves go up their paths, many go level by level: the two build the very same tree."""
+    by_path, by_level = SumTree(capacity), SumTree(capacity)
+    by_path.FEW, by_level.FEW = 10**9, 0
+    for batch in batches:
+        leaves = np.array([leaf % capacity for leaf, _ in batch], dtype=np.int64)
+        values = np.array([v for _, v in batch], dtype=np.float64)
+        by_path.update(leaves, values)
+        by_level.update(leaves, values)
+        assert np.array_equal(by_path._sum, by_level._sum) and np.array_equal(by_path._min, by_level._min)
+
+
+def test_sumtree_rejects_a_bad_leaf_or_value_and_changes_nothing():
+    for few in (10**9, 0):
+        tree = SumTree(40)
+        tree.FEW = few
+        tree.update(np.arange(40), np.arange(40, dtype=np.float64))
+        before = tree._sum.copy()
+        for leaves, values, error in (
+            ([3, 5], [1.0, -1.0], ValueError), ([3, 5], [1.0, float("nan")], ValueError),
+            ([3, 5], [float("inf"), 1.0], ValueError), ([3, 40], [1.0, 1.0], IndexError), ([-1], [1.0], IndexError),
+        ):
+            with pytest.raises(error):
+                tree.update(np.array(leaves), np.array(values))
+            assert np.array_equal(tree._sum, before)
+
+
 def test_sumtree_vectorized_update_with_duplicates_last_wins():
     tree = SumTree(8)
     tree.update(np.array([1, 1, 2]), np.array([5.0, 3.0, 1.0]))

@@ -3,10 +3,14 @@
 Every operation takes and returns arrays: ``update`` sets many leaves and
 re-sums only their ancestors, level by level; ``find`` descends for a whole
 vector of prefix sums at once. Costs are ``O(k log n)`` numpy work for ``k``
-leaves, with a few dozen numpy calls regardless of ``k``.
+leaves, with a few dozen numpy calls regardless of ``k`` — or, for a few
+leaves (a push of one transition, a small priority update), a handful of calls
+per leaf along its path.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -27,6 +31,7 @@ class SumTree:
         self.depth = self.size.bit_length() - 1
         self._sum = np.zeros(2 * self.size, dtype=np.float64)
         self._min = np.full(2 * self.size, np.inf, dtype=np.float64)
+        self._shifts = np.arange(self.depth + 1, dtype=np.int64)  # node >> shifts: a leaf's path to the root
 
     # -- queries --------------------------------------------------------------
     @property
@@ -52,6 +57,16 @@ class SumTree:
         values = np.asarray(values, dtype=np.float64)
         if leaves.size == 0:
             return
+        if leaves.size <= self.FEW:  # one path at a time (a push of a few rows, a small priority update)
+            pairs = list(zip(leaves.tolist(), values.tolist()))
+            for leaf, value in pairs:  # all checked before anything changes
+                if not 0.0 <= value < math.inf:
+                    raise ValueError("priorities must be finite and >= 0")
+                if not 0 <= leaf < self.capacity:
+                    raise IndexError(f"leaf index out of range [0, {self.capacity})")
+            for leaf, value in pairs:  # in order: the last write wins on duplicates
+                self._set_path(leaf, value)
+            return
         if np.any(values < 0) or not np.all(np.isfinite(values)):
             raise ValueError("priorities must be finite and >= 0")
         if leaves.min() < 0 or leaves.max() >= self.capacity:
@@ -59,38 +74,61 @@ class SumTree:
         nodes = leaves + self.size
         self._sum[nodes] = values
         self._min[nodes] = np.where(values > 0, values, np.inf)
-        if leaves.size <= 4:  # a few leaves: walk up with scalars, cheaper than numpy calls per level
-            s, m = self._sum, self._min
-            for node in nodes.tolist():
-                node >>= 1
-                while node >= 1:
-                    left = 2 * node
-                    s[node] = s[left] + s[left + 1]
-                    m[node] = min(m[left], m[left + 1])
-                    node >>= 1
-            return
-        nodes = np.unique(nodes >> 1)
-        while nodes.size and nodes[0] >= 1:
-            left, right = 2 * nodes, 2 * nodes + 1
-            self._sum[nodes] = self._sum[left] + self._sum[right]
-            self._min[nodes] = np.minimum(self._min[left], self._min[right])
+        # children of node i are 2i and 2i+1: row i of the (size, 2) views
+        sums, mins = self._sum.reshape(-1, 2), self._min.reshape(-1, 2)
+        nodes = np.unique(nodes >> 1)  # sorted once: halving keeps the order, so each level only drops repeats
+        while nodes[0] >= 1:  # node 0 is unused: a tree of one leaf has no inner node
+            s, m = sums[nodes], mins[nodes]
+            self._sum[nodes] = s[:, 0] + s[:, 1]
+            self._min[nodes] = np.minimum(m[:, 0], m[:, 1])
             if nodes[0] == 1:
                 break
-            nodes = np.unique(nodes >> 1)
+            nodes >>= 1
+            fresh = np.empty(nodes.size, dtype=bool)
+            fresh[0] = True
+            np.not_equal(nodes[1:], nodes[:-1], out=fresh[1:])
+            nodes = nodes[fresh]
+
+    #: updates of at most this many leaves go path by path (:meth:`_set_path`, ~4.3 us a leaf at depth 17),
+    #: more level by level (130-150 us at depth 17 for up to 64 leaves, 300 for 512): they meet at ~35 leaves
+    FEW = 24
+
+    def _set_path(self, leaf: int, value: float) -> None:
+        """Set one leaf and its ancestors in a handful of numpy calls, whatever the depth.
+
+        Only the path from the leaf to the root changes, and each ancestor is the
+        running child plus its unchanged sibling: the ancestors' sums are the
+        running sum of ``value`` and the siblings' sums (the same additions, in
+        the same order, as re-summing level by level), their minima the running
+        minimum. Measured here at depth 17 (10^5 leaves): one leaf 5.4 us, where
+        walking the levels with numpy scalars took 20 us; 8 leaves 36 us, where
+        re-summing level by level with arrays takes 131.
+        """
+        path = (leaf + self.size) >> self._shifts  # leaf, parent, ..., root
+        siblings = path[:-1] ^ 1
+        s, m = self._sum, self._min
+        run = np.empty(path.size, dtype=np.float64)
+        run[0] = value
+        run[1:] = s[siblings]
+        s[path] = np.add.accumulate(run, out=run)
+        run[0] = value if value > 0 else math.inf
+        run[1:] = m[siblings]
+        m[path] = np.minimum.accumulate(run, out=run)
 
     def find(self, prefix: np.ndarray) -> np.ndarray:
         """For each ``v`` in ``prefix`` (``0 <= v < total``) the leaf where the running sum passes ``v``."""
         v = np.asarray(prefix, dtype=np.float64).copy()
         idx = np.ones(v.shape, dtype=np.int64)
+        s = self._sum
         for _ in range(self.depth):
-            left = 2 * idx
-            left_sum = self._sum[left]
+            idx <<= 1  # the left child
+            left_sum = s[idx]
+            # right when v is past the left mass, but never into an empty subtree because of float rounding
+            # (v stays >= 0 and every node on the way has mass, so an empty left means the right has it)
             go_right = v >= left_sum
-            # never step into an empty subtree because of float rounding
-            go_right &= self._sum[left + 1] > 0
-            go_right |= left_sum <= 0
-            v -= np.where(go_right, left_sum, 0.0)
-            idx = left + go_right
+            go_right &= s[idx + 1] > 0
+            v -= left_sum * go_right
+            idx += go_right
         return idx - self.size
 
     def state(self) -> np.ndarray:

@@ -31,6 +31,7 @@ if [ "$conduit_part" = 1 ]; then
   cat "$part" >>"$out"
   # a loop that adds every environment step as it comes (the issues' tables push chunks of 256)
   .venv/bin/conduit bench micro --chunk 1 --dims 17,128,1000 --markdown "$part"
+  printf '\n' >>"$out"
   sed '1s/^## .*/## Micro-benchmarks: one transition per call (`conduit bench micro --chunk 1 --dims 17,128,1000`)/' \
     "$part" >>"$out"
   rm -f "$part"

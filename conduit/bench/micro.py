@@ -2,9 +2,10 @@
 
 Per transition dimension: every peer gets its own storage of ``capacity``
 transitions (smaller where the memory budget requires, and the result says so),
-each is written full once, untimed (in chunks of 256 whatever ``chunk`` is), so every case runs on a full, touched ring;
-then every case — ingestion of ``chunk``-transition chunks (256; 1 for a loop
-that adds every environment step as it comes), delivery of a 512-batch,
+each is written full once, untimed (in chunks of 256 whatever ``chunk`` is), so
+every case runs on a full, touched ring; then every case — ingestion of
+``chunk``-transition chunks (256; 1 for a loop that adds every environment step
+as it comes), delivery of a 512-batch,
 uniform and prioritized — is timed in interleaved repeats (``timing``), and the
 medians are compared as ratios (``report``): Conduit against ``index_select`` on
 preallocated storage, the memcpy bound, a slice copy, TorchRL and cpprb.

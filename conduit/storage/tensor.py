@@ -103,7 +103,7 @@ class TensorStorage(Storage):
         # fixed for the storage's life; write() runs once a push and reads them instead of recomputing
         self._on_gpu = self.device.type == "cuda"
         self._may_pad = spec.has_growable  # else the spec's check has fixed every trailing shape already
-        self._small = _small_writes(self.tensors) if self.device.type == "cpu" else {}
+        self._numpy = _numpy_views(self.tensors) if self.device.type == "cpu" else {}
 
     def _alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         t = torch.empty(shape, dtype=dtype, device=self.device, pin_memory=self.pinned)
@@ -128,12 +128,12 @@ class TensorStorage(Storage):
         end = start + n
         non_blocking = self._on_gpu
         if end <= self.rows and not self._may_pad and (non_blocking or not serial_kernels()):
-            small = self._small
-            serial = bool(small) and torch.get_num_threads() == 1  # ATen would copy on this thread alone anyway
+            views = self._numpy
+            one_thread = bool(views) and torch.get_num_threads() == 1  # ATen would copy on this thread alone
             for name, dst in self.tensors.items():  # the common case: one slice copy a field
                 src = data[name]
-                below = small.get(name)
-                if below is not None and (serial or n < below[1]):
+                below = views.get(name)
+                if below is not None and (one_thread or n < below[1]):
                     try:
                         below[0][start:end] = src.numpy()
                         continue
@@ -212,10 +212,10 @@ class TensorStorage(Storage):
 
     def close(self) -> None:
         self.tensors = {}
-        self._small = {}  # its numpy views would keep the memory alive
+        self._numpy = {}  # its numpy views would keep the memory alive
 
 
-def _small_writes(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[np.ndarray, int]]:
+def _numpy_views(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[np.ndarray, int]]:
     """Per host field: a numpy view of it, and the rows below which a write goes through that view.
 
     A slice copy through torch costs ~1.7 us a call before it moves a byte (indexing, dispatch);

@@ -269,6 +269,18 @@ def test_cli_micro_writes_json_to_stdout(ghost_peers: None) -> None:
     assert doc["settings"]["threads"] == 1
 
 
+def test_cli_micro_chunk_sets_the_ingestion_call_size() -> None:
+    args = list(MICRO_ARGS)
+    args[args.index("torch,numpy,conduit,absent")] = "torch,conduit"
+    result = CliRunner().invoke(app, [*args, "--chunk", "1"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["settings"]["chunk"] == 1
+    push = next(c for c in doc["dims"][0]["cases"] if c["name"] == "Conduit push (inline g=1)")
+    assert push["bytes_per_op"] == 2 * 8 * 4 + 8 + 4 + 1  # one transition
+    assert CliRunner().invoke(app, ["bench", "micro", "--chunk", "0"]).exit_code != 0
+
+
 def test_cli_rejects_unknown_peers_and_bad_dims() -> None:
     runner = CliRunner()
     assert runner.invoke(app, ["bench", "micro", "--peers", "reverb"]).exit_code != 0

@@ -121,10 +121,10 @@ class ConduitConfig(BaseModel):
             ``recycle_batches``). Bounds the memory and keeps the output cache-warm.
         recycle_batches: host learners (both policies): the memory of a pulled batch's large
             fields (1 MiB and up, where a fresh allocation measured up to 2x slower: an mmap
-            faulted in page by page) goes back to a free list once every reference to it (batch, tensor, view,
-            numpy array) is gone, and the next batch is gathered into it — nothing alive is
-            ever overwritten. Smaller fields come from the allocator, which reuses them as
-            fast. ``False``: fresh memory every pull.
+            faulted in page by page) goes back to a free list once every reference to it
+            (batch, tensor, view, numpy array) is gone, and the next batch is gathered into
+            it — nothing alive is ever overwritten. Smaller fields come from the allocator,
+            which reuses them as fast. ``False``: fresh memory every pull.
         min_size_to_sample: off-policy rows required before sampling (default: a batch).
         g_max: cap on off-policy granularities (both paths).
         max_staleness: cap on off-policy delivery granularity (batches a prefetched

@@ -28,11 +28,20 @@ def ray_session():
 
 @pytest.fixture
 def cartpole_chunks():
-    """A function returning real CartPole episode chunks from a local SingleAgentEnvRunner."""
+    """A function returning real CartPole episode chunks from a local SingleAgentEnvRunner, seeded.
+
+    Seeded (the environments and the random actions' space both): the same
+    chunks every run. Unseeded, a run now and then (one fresh-clone CI run here) fed RLlib's own
+    ``EpisodeReplayBuffer`` (the reference the exact-mode tests compare with) an
+    eviction its bookkeeping cannot handle (an IndexError inside ``add``, when
+    the evicted episode's last step is the last index it holds).
+    """
     from ray.rllib.algorithms.dqn import DQNConfig
     from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
 
-    runner = SingleAgentEnvRunner(config=DQNConfig().environment("CartPole-v1").env_runners(num_envs_per_env_runner=2))
+    config = DQNConfig().environment("CartPole-v1").env_runners(num_envs_per_env_runner=2).debugging(seed=0)
+    runner = SingleAgentEnvRunner(config=config)
+    runner.env.action_space.seed(0)  # random_actions samples this space, which the config's seed does not reach
 
     def sample(num_timesteps: int):
         return runner.sample(num_timesteps=num_timesteps, random_actions=True)

@@ -213,11 +213,14 @@ class ReplayBuffer:
             if self.storage is None or self.table.count == 0:
                 raise SemanticsError("cannot sample from an empty buffer")
             draw = self.sampler.sample(n, self.table, self.rng)
-            assert self._order is not None
-            self._order.before_read()
+            order = self._order
+            assert order is not None
+            if order.enabled:  # CUDA storage: reads wait for writes on other streams
+                order.before_read()
             idx = draw.tensor if draw.tensor is not None else torch.from_numpy(draw.indices)
             data = self.storage.gather(idx, device) if out is None else self.storage.gather(idx, device, out)
-            self._order.after_read()
+            if order.enabled:
+                order.after_read()
             return Sampled(data, draw.indices, self.table.ids[draw.indices], draw.weights, self.inserted)
 
     def sample_split(

@@ -348,6 +348,10 @@ class ReplayDelivery(DeliveryPath):
         self.block = block
         self._on_sampled = on_sampled
         self._invocation = 0
+        # _pull_direct's placement check, redone only when the buffer's storage object changes: comparing
+        # torch devices costs microseconds on a pull's hot path
+        self._direct_storage: object = None
+        self._direct_learners = [False] * len(self.devices)
 
     @property
     def min_rows(self) -> int:
@@ -366,14 +370,13 @@ class ReplayDelivery(DeliveryPath):
         transfer — takes the general path.
         """
         storage = self.buffer.storage
-        if (
-            not self._hookless
-            or self.mode.granularity != 1
-            or self.graph.tracer.enabled
-            or storage is None
-            or storage.devices[0] != self.devices[learner]
-            or len(storage.devices) != 1
-        ):
+        if storage is not self._direct_storage:  # placed, or migrated: which learners its rows already sit on
+            # the list first: a concurrent pull that sees the new storage also sees its list
+            self._direct_learners = [storage is not None and storage.devices == (d,) for d in self.devices]
+            self._direct_storage = storage
+        if not self._hookless or self.mode.granularity != 1 or self.graph.tracer.enabled:
+            return None
+        if not self._direct_learners[learner]:
             return None
         with self._invoke_locks[learner]:
             with self.cond:
@@ -393,21 +396,23 @@ class ReplayDelivery(DeliveryPath):
                 fail(self.failure, "delivery operator", exc)
             self.graph.timings.append((time.perf_counter() - t0, 1.0))
             self.graph.invocations += 1
-        self.limiter.reserve(self.batch_size)
         info = BatchInfo(
             learner, index, index, s.version, invocation, None, None, None, False, s.indices, s.ids, s.weights,
             self.mode, self.buffer.inserted,
         )
-        self._on_pulled(learner, info)
+        self._on_pulled(learner, info, reserved=False)
         return Batch(s.data, info)
 
     def _refuse(self, learner: int) -> None:
         if not self.block and self.buffer.ready(self.min_rows):
             raise RateLimited(f"a batch now would break the sample/insert ratio ({self.limiter.describe()})")
 
-    def _on_pulled(self, learner: int, info: BatchInfo) -> None:
+    def _on_pulled(self, learner: int, info: BatchInfo, reserved: bool = True) -> None:
         rows = len(info.indices)
-        self.limiter.commit(rows)
+        if reserved:
+            self.limiter.commit(rows)
+        else:  # the direct path samples and hands over in one step
+            self.limiter.sampled(rows)
         self.buffer.delivered(info.indices, info.ids)
         if self._on_sampled is not None and self.limiter.samples_per_insert is not None:
             self._on_sampled()  # actors may be waiting for learners to sample

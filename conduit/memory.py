@@ -84,13 +84,23 @@ class BatchMemory:
         if keep < 1:
             raise ValueError(f"keep={keep}: hold at least one free block")
         self.keep = keep
-        self.min_bytes = min_bytes
+        self._min_bytes = min_bytes
         self.layouts = max(1, layouts)
-        # (spec, rows, per-field free lists) of a few batch shapes (on-policy's last mini-batch
+        # (spec, rows, free lists of its recycled fields) of a few batch shapes (on-policy's last mini-batch
         # may be shorter), least recently used first
         self._shapes: list[tuple[ExperienceSpec, int, list[_Field]]] = []
         self.allocated = 0  # blocks created (a measure of how well recycling works)
         self.recycled = 0  # blocks served again after a release
+
+    @property
+    def min_bytes(self) -> int:
+        """The smallest field recycled; changing it forgets the batch shapes seen (their fields are re-chosen)."""
+        return self._min_bytes
+
+    @min_bytes.setter
+    def min_bytes(self, value: int) -> None:
+        self._min_bytes = value
+        self._shapes = []
 
     def take(self, spec: ExperienceSpec, rows: int) -> dict[str, torch.Tensor] | None:
         shapes = self._shapes
@@ -100,16 +110,20 @@ class BatchMemory:
         else:
             hit = next((i for i, (sp, r, _) in enumerate(shapes) if r == rows and sp == spec), None)
             if hit is None:
-                fields = [_Field(f.name, f.dtype, (rows, *f.shape), rows * f.bytes_per_sample, self.keep) for f in spec]
+                fields = [
+                    _Field(f.name, f.dtype, (rows, *f.shape), rows * f.bytes_per_sample, self.keep)
+                    for f in spec
+                    if rows * f.bytes_per_sample >= self._min_bytes
+                ]
                 if len(shapes) >= self.layouts:  # its blocks are freed with their last reference
                     shapes.pop(0)
             else:
                 fields = shapes.pop(hit)[2]
             shapes.append((spec, rows, fields))  # most recently used last
-        out = None
+        if not fields:  # no field large enough: the gather allocates (the common case for small transitions)
+            return None
+        out = {}
         for field in fields:
-            if field.nbytes < self.min_bytes:
-                continue
             try:
                 block = field.free.pop()
                 self.recycled += 1
@@ -118,8 +132,6 @@ class BatchMemory:
                 self.allocated += 1
             view = block[:]
             weakref.finalize(view, field.release, block)
-            if out is None:
-                out = {}
             out[field.name] = torch.from_numpy(view).view(field.dtype).view(field.shape)
         return out
 
@@ -127,4 +139,4 @@ class BatchMemory:
     def free(self) -> int:
         """Free blocks of the recycled field with the fewest (of the batch shape taken last)."""
         fields = self._shapes[-1][2] if self._shapes else []
-        return min((len(f.free) for f in fields if f.nbytes >= self.min_bytes), default=0)
+        return min((len(f.free) for f in fields), default=0)

@@ -75,6 +75,11 @@ class RateLimiter:
             self.reserved -= rows
             self.samples += rows
 
+    def sampled(self, rows: int) -> None:
+        """Rows sampled and handed to a learner in one step (an inline pull): no reservation between."""
+        with self._lock:
+            self.samples += rows
+
     def release(self, rows: int) -> None:
         """Reserved rows were never delivered."""
         with self._lock:

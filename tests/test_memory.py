@@ -171,6 +171,15 @@ def test_by_default_only_fields_of_1_mib_and_up_are_recycled():
     assert memory.take(ExperienceSpec.of(obs=((400,), "float32")), 512) is None
 
 
+def test_changing_min_bytes_rechooses_the_fields_of_shapes_already_seen():
+    spec = ExperienceSpec.of(obs=((512,), "float32"), done=((), "bool"))
+    memory = BatchMemory()
+    assert memory.take(spec, 64) is None  # 128 KiB < 1 MiB
+    memory.min_bytes = 64 << 10
+    out = memory.take(spec, 64)
+    assert out is not None and set(out) == {"obs"}
+
+
 def test_another_layout_starts_new_free_lists():
     memory = BatchMemory(keep=2, min_bytes=0)
     a = memory.take(SPEC, 4)

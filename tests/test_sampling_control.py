@@ -49,6 +49,17 @@ def test_max_times_sampled_evicts_rows_after_n_deliveries_and_frees_their_slots(
         assert sorted(edp.buffer.contents()["tid"].tolist()) == [100, 101, 102]
 
 
+def test_inline_pulls_count_their_rows_as_sampled_at_once_with_nothing_reserved():
+    with runtime(rate_limit={"samples_per_insert": 1.0, "tolerance": 64.0}) as edp:
+        edp.push(transitions(16))
+        limiter = edp.delivery.limiter
+        reserved = []
+        limiter.reserve = reserved.append  # the direct inline pull samples and delivers in one step
+        for _ in range(3):
+            edp.pull()
+        assert limiter.samples == 12 and limiter.reserved == 0 and reserved == []
+
+
 def test_a_prefetched_batch_never_delivered_is_not_counted_as_sampled():
     edp = runtime(capacity=64, max_times_sampled=1, min_size_to_sample=4, schedule=Schedule(Mode(False, 1), Mode(True, 2)))
     with edp:

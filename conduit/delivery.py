@@ -365,9 +365,10 @@ class ReplayDelivery(DeliveryPath):
         """Inline, no hook, g = 1, rows already on the learner's device, nobody tracing: sample and hand over.
 
         The same operators as the graph (select+gather; to_learner and split are
-        no-ops here) without building a packet, so a pull costs little more than
-        the gather itself. Anything else — waiting, staged leftovers, a hook, a
-        transfer — takes the general path.
+        no-ops here) without building a packet. Right after the previous gather
+        every attribute read here costs several times its warm time, so what can
+        be decided once (the placement check) is. Anything else — waiting, staged
+        leftovers, a hook, a transfer — takes the general path.
         """
         storage = self.buffer.storage
         if storage is not self._direct_storage:  # placed, or migrated: which learners its rows already sit on

@@ -104,7 +104,7 @@ class TensorStorage(Storage):
         self._on_gpu = self.device.type == "cuda"
         self._host = self.device.type == "cpu"
         self._may_pad = spec.has_growable  # else the spec's check has fixed every trailing shape already
-        self._numpy = _numpy_views(self.tensors) if self.device.type == "cpu" else {}
+        self._numpy = _numpy_views(self.tensors) if self._host else {}
 
     def _alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         t = torch.empty(shape, dtype=dtype, device=self.device, pin_memory=self.pinned)

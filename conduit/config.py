@@ -125,6 +125,14 @@ class ConduitConfig(BaseModel):
             (batch, tensor, view, numpy array) is gone, and the next batch is gathered into
             it — nothing alive is ever overwritten. Smaller fields come from the allocator,
             which reuses them as fast. ``False``: fresh memory every pull.
+        copy_on_push: when a push's write is deferred (overlapped ingestion, or ``g > 1``
+            gathering several units per invocation), push first copies the unit, so an actor
+            may write into its arrays again as soon as push returns — as with any replay
+            buffer's ``add``/``extend``. ``False`` hands the arrays over instead: no copy on
+            the actor's thread (the point of overlapped ingestion on host memory), but the
+            actor must not write into a pushed unit before it is ingested (``flush()``);
+            for actors that build fresh arrays per rollout. ``push(..., copy=...)``
+            decides per call. Pushes written before they return never copy.
         min_size_to_sample: off-policy rows required before sampling (default: a batch).
         g_max: cap on off-policy granularities (both paths).
         max_staleness: cap on off-policy delivery granularity (batches a prefetched
@@ -154,6 +162,7 @@ class ConduitConfig(BaseModel):
     rate_limit: RateLimit | None = None
     batch_pool: Annotated[int, Field(ge=0)] = 0
     recycle_batches: bool = True
+    copy_on_push: bool = True
     min_size_to_sample: Annotated[int, Field(gt=0)] | None = None
     g_max: Annotated[int, Field(gt=0, le=64)] = 4
     max_staleness: Annotated[int, Field(gt=0)] | None = None

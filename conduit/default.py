@@ -69,8 +69,8 @@ def default_runtime() -> Conduit:
     return _RUNTIME
 
 
-def push(data: Data, *, timeout: float | None = None) -> None:
-    default_runtime().push(data, timeout=timeout)
+def push(data: Data, *, timeout: float | None = None, copy: bool | None = None) -> None:
+    default_runtime().push(data, timeout=timeout, copy=copy)
 
 
 def pull(learner: int = 0, *, timeout: float | None = None) -> Batch:

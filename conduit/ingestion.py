@@ -8,8 +8,15 @@ rejected at the offending ``push`` before anything is queued.
 Timing (``overlap``): inline runs an invocation in the pushing thread as soon as
 ``g`` units are pending; overlapped hands units to the path's worker, and a push
 waits (bounded) while ``g`` units are already pending, so ingestion lags rollouts
-by at most ``g`` units. Granularity ``0 < g < 1`` (on-policy) splits each unit
-into pieces of ``ceil(g·rows)`` rows, one invocation each.
+by at most ``g`` units. A push whose write is deferred that way copies its unit
+first (``copy_on_push``, the default): the actor owns its arrays again when push
+returns, as with any replay buffer. Measured before this copy existed: an actor
+refilling one preallocated rollout buffer saw its earlier units overwritten in
+the buffer (units 0-3 stored as 1, 2, 3, 3 at overlapped g = 1). ``copy=False``
+hands the arrays over for actors that build fresh ones per rollout.
+
+Granularity ``0 < g < 1`` (on-policy) splits each unit into pieces of
+``ceil(g·rows)`` rows, one invocation each.
 
 On-policy units are assigned to an iteration at push time: an iteration closes
 with the unit that brings it to ``train_batch_size`` rows (or on ``seal()``), and
@@ -51,6 +58,11 @@ class _Piece:
     iteration: int | None = None
 
 
+def _own(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A private copy of a pushed unit (same devices), so the actor may reuse its arrays."""
+    return {k: v.clone() for k, v in tensors.items()}
+
+
 @dataclass
 class IngestionStats:
     pushed_units: int = 0
@@ -78,8 +90,10 @@ class IngestionPath:
         stream_device: torch.device,
         limiter: RateLimiter | None = None,
         block: bool = True,
+        copy_on_push: bool = True,
     ) -> None:
         self.mode = mode
+        self.copy_on_push = copy_on_push
         self.buffer = buffer
         self.on_policy = isinstance(buffer, IterationBuffer)
         self.failure = failure
@@ -138,7 +152,11 @@ class IngestionPath:
         ]
 
     # -- push -----------------------------------------------------------------
-    def push(self, data: Data, timeout: float | None = None) -> None:
+    def _defers(self) -> bool:
+        """Whether a unit pushed now may be read after its push returns (on the worker, or with its group)."""
+        return self.mode.overlap or self.group_units > 1
+
+    def push(self, data: Data, timeout: float | None = None, copy: bool | None = None) -> None:
         t0 = time.perf_counter()
         self.failure.check()
         if self._identity:
@@ -150,6 +168,10 @@ class IngestionPath:
         else:
             tensors = as_tensors(data)
             rows = batch_size_of(tensors)
+        copy = self.copy_on_push if copy is None else copy
+        copied = copy and self._defers()
+        if copied:
+            tensors = _own(tensors)
         pieces = self._split(tensors, rows)
         timeout = self.timeout if timeout is None else timeout
         with self.cond:
@@ -165,6 +187,8 @@ class IngestionPath:
                 )
             wait_until(self.cond, self._has_room, timeout, self.failure, self._describe_wait)
             self.stats.blocked_s += time.perf_counter() - t_wait
+            if copy and not copied and self._defers():  # the schedule switched while this push waited
+                pieces = self._split(_own(tensors), rows)
             if limiter is not None:
                 limiter.insert(rows)
             if self.on_policy:

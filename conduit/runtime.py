@@ -219,7 +219,8 @@ class Conduit:
             self.ingestion = IngestionPath(
                 mode=self.schedule.ingestion, buffer=self.buffer, hook=self._hook(HookKind.INGESTION),
                 train_batch_size=cfg.train_batch_size, stream_device=self._storage_device(),
-                limiter=limiter if cfg.rate_limit is not None else None, block=block, **common,
+                limiter=limiter if cfg.rate_limit is not None else None, block=block,
+                copy_on_push=cfg.copy_on_push, **common,
             )
             self.buffer.on_data.append(self.delivery.notify)
             if isinstance(self.buffer, IterationBuffer):
@@ -253,15 +254,22 @@ class Conduit:
         self.failure.check()
 
     # -- the data plane ---------------------------------------------------------
-    def push(self, data: Data, *, timeout: float | None = None) -> None:
-        """Push one rollout unit (a mapping ``field -> tensor/array`` with a leading batch dim)."""
+    def push(self, data: Data, *, timeout: float | None = None, copy: bool | None = None) -> None:
+        """Push one rollout unit (a mapping ``field -> tensor/array`` with a leading batch dim).
+
+        When it returns, the actor may write into its arrays again: a unit whose
+        write the schedule defers is copied first. ``copy=False`` (or
+        ``copy_on_push=False`` in the config) hands the arrays over instead —
+        no copy on this thread, and they must not be written to before they are
+        ingested (``flush()``). ``None``: the config's ``copy_on_push``.
+        """
         self._ensure_started()
         assert self.ingestion is not None
         if not self.observers:
-            self.ingestion.push(data, timeout)
+            self.ingestion.push(data, timeout, copy)
             return
         t0 = time.perf_counter()
-        self.ingestion.push(data, timeout)
+        self.ingestion.push(data, timeout, copy)
         t1 = time.perf_counter()
         for obs in self.observers:
             obs.on_push(data, t0, t1)

@@ -153,6 +153,7 @@ class ConduitPeer(Peer):
             g_max=self.g_max,
             batch_pool=batch_pool,
             recycle_batches=recycle,
+            copy_on_push=False,  # nothing writes into a pushed chunk again: handed over, as fresh rollouts are
             timeout_s=120.0,
         ).start()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 from fractions import Fraction
 
 import pytest
@@ -71,3 +72,27 @@ def test_run_loop_times_whole_periods_of_its_schedule() -> None:
     res = run_loop(w, _s(2, 3), iterations=7, warmup=1, pool=w.units(2))
     assert res.period == 6 and len(res.t_iter) == 12  # rounded up to two whole periods
     assert res.steady == pytest.approx(statistics.median([statistics.fmean(res.t_iter[:6]), statistics.fmean(res.t_iter[6:])]))
+
+
+@pytest.mark.parametrize("policy", [Policy.OFF_POLICY, Policy.ON_POLICY])
+def test_run_loop_leaves_the_benchmarks_own_stamping_out_of_each_iteration(
+    policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # making units unique is neither rollout nor experience path: charged to neither T_iter nor exposed latency
+    import conduit.synthetic as synthetic
+
+    stamp = synthetic._stamped
+
+    def slow_stamp(pool: list, k: int) -> dict:
+        time.sleep(0.05)
+        return stamp(pool, k)
+
+    monkeypatch.setattr(synthetic, "_stamped", slow_stamp)
+    w = SyntheticWorkload(
+        policy=policy, dim=16, unit_size=16, batch_size=32, capacity=512, units_per_iteration=2,
+        num_minibatches=2, rollout_ms=0.0, update_ms=0.0, cost=CostKind.SLEEP,
+    )
+    res = run_loop(w, _s(1, 1), iterations=4, warmup=1, pool=w.units(2))
+    units = 1 if policy is Policy.OFF_POLICY else 2
+    assert res.stamping_s >= 4 * units * 0.05
+    assert statistics.median(res.t_iter) < 0.05  # 50 ms of sleep per unit, none of it in an iteration

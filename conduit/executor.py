@@ -278,6 +278,41 @@ def handoff(tensors: Mapping[str, torch.Tensor], event: torch.cuda.Event | None)
         t.record_stream(stream)
 
 
+def mark_producers(tensors: Mapping[str, torch.Tensor]) -> dict[torch.device, torch.cuda.Event] | None:
+    """Events marking the caller's current stream, now, on each CUDA device ``tensors`` live on (None on host).
+
+    A unit pushed from CUDA memory may still be being written by kernels the
+    actor queued on its stream; the worker that ingests it later, on its own
+    stream, waits for these events first (:func:`adopt`).
+    """
+    events: dict[torch.device, torch.cuda.Event] | None = None
+    for t in tensors.values():
+        if t.is_cuda and (events is None or t.device not in events):
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(t.device))
+            if events is None:
+                events = {}
+            events[t.device] = ev
+    return events
+
+
+def adopt(tensors: Mapping[str, torch.Tensor], events: dict[torch.device, torch.cuda.Event] | None) -> None:
+    """Take tensors another thread produced: wait for their producers, keep their memory for this stream.
+
+    The current stream waits for ``events`` (from :func:`mark_producers`; no
+    host sync), and each CUDA tensor is recorded on it, so the caching
+    allocator does not hand the memory out again — once the producer drops its
+    last reference — before this stream's reads of it are done.
+    """
+    if not events:
+        return
+    for device, ev in events.items():
+        torch.cuda.current_stream(device).wait_event(ev)
+    for t in tensors.values():
+        if t.is_cuda:
+            t.record_stream(torch.cuda.current_stream(t.device))
+
+
 class StreamOrder:
     """Orders writes and reads of one storage across streams, on each CUDA device it spans.
 

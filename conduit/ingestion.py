@@ -37,7 +37,7 @@ import torch
 
 from conduit.buffer import IterationBuffer, ReplayBuffer
 from conduit.errors import RateLimited, SemanticsError
-from conduit.executor import FailureBox, StreamSet, Worker, fail, hold_still, wait_until
+from conduit.executor import FailureBox, StreamSet, Worker, adopt, fail, hold_still, mark_producers, wait_until
 from conduit.hooks import ACTOR, EXPERIENCE_BUFFER, Reader, Writer
 from conduit.operators import FnOperator, Graph, HookOperator, OperatorKind, Packet
 from conduit.ratelimit import RateLimiter
@@ -56,6 +56,8 @@ class _Piece:
     rows: int
     unit_end: bool
     iteration: int | None = None
+    #: the pushing thread's CUDA streams at push time (None for host data): the writer waits for them
+    producers: dict[torch.device, torch.cuda.Event] | None = None
 
 
 def _own(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -139,15 +141,20 @@ class IngestionPath:
             self._group_for = self.mode
         return self._group
 
-    def _split(self, tensors: dict[str, torch.Tensor], rows: int) -> list[_Piece]:
+    def _split(
+        self, tensors: dict[str, torch.Tensor], rows: int, producers: dict[torch.device, torch.cuda.Event] | None
+    ) -> list[_Piece]:
         if not self.mode.overlap or self.group_units > 1 or self.mode.granularity == 1:
-            return [_Piece(tensors, rows, True)]
+            return [_Piece(tensors, rows, True, producers=producers)]
         g = self.mode.granularity
         step = max(1, math.ceil(rows * g))
         chunks = {k: torch.split(v, step) for k, v in tensors.items()}
         count = len(next(iter(chunks.values())))
         return [
-            _Piece({k: c[i] for k, c in chunks.items()}, int(next(iter(chunks.values()))[i].shape[0]), i == count - 1)
+            _Piece(
+                {k: c[i] for k, c in chunks.items()}, int(next(iter(chunks.values()))[i].shape[0]), i == count - 1,
+                producers=producers,
+            )
             for i in range(count)
         ]
 
@@ -172,7 +179,7 @@ class IngestionPath:
         copied = copy and self._defers()
         if copied:
             tensors = _own(tensors)
-        pieces = self._split(tensors, rows)
+        pieces = self._split(tensors, rows, mark_producers(tensors))
         timeout = self.timeout if timeout is None else timeout
         with self.cond:
             iteration = None
@@ -188,7 +195,8 @@ class IngestionPath:
             wait_until(self.cond, self._has_room, timeout, self.failure, self._describe_wait)
             self.stats.blocked_s += time.perf_counter() - t_wait
             if copy and not copied and self._defers():  # the schedule switched while this push waited
-                pieces = self._split(_own(tensors), rows)
+                tensors = _own(tensors)
+                pieces = self._split(tensors, rows, mark_producers(tensors))
             if limiter is not None:
                 limiter.insert(rows)
             if self.on_policy:
@@ -336,6 +344,8 @@ class IngestionPath:
                 self._invoke(group)
 
     def _invoke(self, group: list[_Piece]) -> None:
+        for p in group:  # on the worker's stream: after the actor's kernels that produced the unit
+            adopt(p.data, p.producers)
         granularity = float(self.mode.granularity)
         packet = Packet([p.data for p in group], {"iteration": group[0].iteration, "granularity": granularity})
         try:

@@ -76,3 +76,27 @@ def test_ring_writes_and_gathers_on_separate_streams_never_tear_rows():
                 b = edp.pull()
                 assert torch.equal(b["obs"][:, 0], b["obs"][:, -1])
                 assert torch.equal(b["obs"][:, 0].long(), b["tid"])
+
+
+@pytest.mark.parametrize("copy", [True, False])
+@pytest.mark.parametrize("storage", PLACEMENTS)
+def test_a_unit_still_being_written_on_the_actors_stream_is_ingested_after_its_kernels(storage, copy):
+    # the actor queues a long kernel, then the unit's contents, and pushes at once: the overlapped writer (its own
+    # stream) must wait for those kernels, and the unit's memory must outlive the actor's reference to it
+    with Conduit(
+        policy="off_policy", train_batch_size=64, capacity=4096, storage_device=storage, seed=0,
+        schedule=Schedule(Mode(True, 1), Mode(False, 1)), copy_on_push=copy,
+    ) as edp:
+        for u in range(8):
+            unit = {k: v.cuda() for k, v in transitions(256, dim=64, start=0).items()}
+            torch.cuda._sleep(50_000_000)  # ~tens of ms of GPU time queued before the real contents
+            tid = torch.arange(256 * u, 256 * (u + 1), device="cuda")
+            unit["tid"].copy_(tid)
+            unit["obs"].copy_(tid.float().unsqueeze(1).expand(-1, 64))
+            edp.push(unit)
+            del unit, tid  # the actor lets go at once: only the runtime's reference keeps the memory
+        edp.flush()
+        torch.cuda.synchronize()
+        stored = edp.buffer.storage.read(0, 8 * 256)
+        assert stored["tid"].cpu().tolist() == list(range(8 * 256))
+        assert torch.equal(stored["obs"].cpu(), stored["tid"].cpu().float().unsqueeze(1).expand(-1, 64))

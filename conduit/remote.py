@@ -30,6 +30,7 @@ import threading
 import time
 from typing import Any
 
+import torch
 import torch.multiprocessing as mp
 
 from conduit.errors import ConduitTimeout, RuntimeClosed
@@ -37,6 +38,13 @@ from conduit.executor import POLL_S, FailureBox, Worker, wait_until
 from conduit.spec import Data, as_tensors
 
 __all__ = ["ActorChannel", "RemoteActor"]
+
+
+def _shared_copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t`` in shared memory (CPU), or on its device (CUDA: sent by IPC handle)."""
+    if t.is_cuda:
+        return t.clone(memory_format=torch.contiguous_format)
+    return torch.empty(t.shape, dtype=t.dtype).share_memory_().copy_(t)
 
 
 class RemoteActor:
@@ -50,10 +58,19 @@ class RemoteActor:
         self.timeout = timeout
         self.sent = 0
 
-    def push(self, data: Data, timeout: float | None = None) -> None:
+    def push(self, data: Data, timeout: float | None = None, copy: bool = True) -> None:
+        """Send one rollout unit to the runtime; the actor may write into its arrays again when this returns.
+
+        The queue pickles in a background thread after ``put`` returns, and a
+        tensor travels as shared memory the receiver maps — so without a copy a
+        later write by the actor would reach the runtime. ``copy=True`` copies
+        the unit straight into fresh shared memory here (the copy pickling would
+        make anyway, made before returning); ``copy=False`` hands the tensors
+        over: the actor must not write into them again.
+        """
         if self._stopped.is_set():
             raise RuntimeClosed("the Conduit runtime this actor pushes to has stopped")
-        tensors = {k: v.contiguous() for k, v in as_tensors(data).items()}
+        tensors = {k: _shared_copy(v) if copy else v.contiguous() for k, v in as_tensors(data).items()}
         limit = self.timeout if timeout is None else timeout
         try:
             self._queue.put((self.index, tensors), timeout=limit)
@@ -123,7 +140,7 @@ class ActorChannel:
         except queue.Empty:
             return
         try:
-            self._push(item)
+            self._push(item, copy=False)  # the actor copied it, or handed it over: nothing else writes it
             self._acks[index] += 1  # only the receiver thread writes acks
         except BaseException:
             self._stopped.set()  # remote actors stop instead of blocking on a dead runtime

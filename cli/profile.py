@@ -182,7 +182,8 @@ def _print_machine(console: Console, m: dict[str, Any]) -> None:
 def _print_profile(console, label, w, costs, ranked, chosen, baseline, measured, verified) -> None:  # type: ignore[no-untyped-def]
     console.print(
         f"\n[bold cyan]{label}[/bold cyan]: dim {w.dim} ({w.bytes_per_sample:,} B/transition), "
-        f"unit {w.unit_size}, batch {w.train_batch_size}, cost={w.cost.value}"
+        f"unit {w.unit_size}, batch {w.train_batch_size}, cost={w.cost.value}; the actor hands its units over "
+        "(copy_on_push=False: the default copies a unit whose write is deferred)"
     )
     t = Table(title="Profiled costs (ms)", show_lines=False)
     t.add_column("term")

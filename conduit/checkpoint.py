@@ -44,6 +44,7 @@ import torch
 
 from conduit.buffer import IterationBuffer, ReplayBuffer
 from conduit.errors import ConduitError, SemanticsError
+from conduit.executor import adopt
 from conduit.spec import ExperienceSpec
 
 if TYPE_CHECKING:
@@ -196,6 +197,7 @@ def _save_pending(rt: Conduit, out: Path) -> None:
     pieces = []
     if ing is not None:
         for p in ing.queue:
+            adopt(p.data, p.producers)  # a unit pushed from CUDA memory: after the actor's kernels that wrote it
             pieces.append({"data": {k: v.cpu() for k, v in p.data.items()}, "rows": p.rows, "unit_end": p.unit_end})
     torch.save({"pieces": pieces, "pending_units": ing.pending_units if ing else 0}, out / "pending.pt")
 

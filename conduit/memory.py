@@ -25,12 +25,16 @@ learner has *already dropped*, and smaller ones are left to the gather's own
 allocation. Nothing is ever overwritten while any reference to a batch — the
 batch, one of its tensors, a view, a numpy array made from it — is alive.
 
-How a release is detected, with public APIs only: each recycled field of a batch
-is a view of ``torch.from_numpy`` over a numpy view of that field's backing
-block. torch keeps the numpy view alive for as long as any tensor shares its
-storage; when the last one dies the view dies, and a ``weakref.finalize`` on it
-puts the block back on the field's free list. The callback may run on any thread
-(wherever the last reference was dropped); it only appends to a deque. Fields
+How a release is detected, without a callback: each recycled field of a batch is
+``torch.from_numpy`` over that field's backing block (a numpy array), and torch
+holds a reference to the block for as long as any tensor shares its storage — the
+batch, one of its tensors, a view, a numpy array made from it. So a block is free
+exactly when only this pool refers to it, and ``take()`` reads that from the
+block's reference count (the count a pooled, unreferenced block has is measured
+once, at import, through the same code path). An earlier version put blocks back
+with ``weakref.finalize`` callbacks; the reference count costs no object per
+batch and no callback on the learner's thread when a batch dies (measured:
+pulls 4% faster at dims 1,000 and 5,000: 0.816 vs 0.853 and 2.95 vs 3.09 ms, one process, interleaved). Fields
 have blocks of their own (not slices of one block) so a batch stays an ordinary
 set of tensors: ``torch.save`` refuses tensors of different dtypes sharing a
 storage.
@@ -43,8 +47,8 @@ memory bounded.
 
 from __future__ import annotations
 
-import weakref
-from collections import deque
+import sys
+import threading
 
 import numpy as np
 import torch
@@ -54,27 +58,43 @@ from conduit.spec import ExperienceSpec
 __all__ = ["BatchMemory"]
 
 
+def _refcounts(blocks: list[np.ndarray]) -> list[int]:
+    return [sys.getrefcount(b) for b in blocks]
+
+
+#: the reference count of a pooled block nothing else refers to, as :func:`_refcounts` reads it
+_FREE = _refcounts([np.empty(1)])[0]
+
+
 class _Field:
-    """One field's free list of ``nbytes`` blocks."""
+    """One field's pool of ``nbytes`` blocks (at most ``keep``; free when nothing but the pool refers to one)."""
 
     def __init__(self, name: str, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int, keep: int) -> None:
         self.name, self.dtype, self.shape, self.nbytes, self.keep = name, dtype, shape, nbytes, keep
-        self.free: deque[np.ndarray] = deque()
+        self.blocks: list[np.ndarray] = []
 
-    def release(self, block: np.ndarray) -> None:
-        if len(self.free) < self.keep:
-            self.free.append(block)
+    def free(self) -> np.ndarray | None:
+        counts = _refcounts(self.blocks)
+        for i, c in enumerate(counts):
+            if c == _FREE:
+                return self.blocks[i]
+        return None
+
+    @property
+    def free_count(self) -> int:
+        return sum(c == _FREE for c in _refcounts(self.blocks))
 
 
 class BatchMemory:
-    """Free lists of host memory for one learner's batches.
+    """Pools of host memory for one learner's batches.
 
     ``take()`` returns memory (contents undefined) for the recycled fields of
     one batch — those of at least ``min_bytes`` — keyed by field name: a
-    previous batch's dropped block where there is one, else a new block. It
-    returns None when no field of the batch is that large: the gather then
-    allocates every field itself. At most ``keep`` free blocks per field are
-    held; more released blocks are simply freed.
+    block no batch, tensor, view or array refers to any more where there is
+    one, else a new block. It returns None when no field of the batch is that
+    large: the gather then allocates every field itself. A pool holds the
+    ``keep`` newest blocks per field; when every one is held, a new block
+    takes the place of the oldest, which is freed with the batch holding it.
     """
 
     #: the smallest field recycled by default (see the module docstring for the measurements)
@@ -86,11 +106,12 @@ class BatchMemory:
         self.keep = keep
         self._min_bytes = min_bytes
         self.layouts = max(1, layouts)
-        # (spec, rows, free lists of its recycled fields) of a few batch shapes (on-policy's last mini-batch
+        # (spec, rows, pools of its recycled fields) of a few batch shapes (on-policy's last mini-batch
         # may be shorter), least recently used first
         self._shapes: list[tuple[ExperienceSpec, int, list[_Field]]] = []
+        self._lock = threading.Lock()  # two threads taking at once (a pull and a prefetch) never share a block
         self.allocated = 0  # blocks created (a measure of how well recycling works)
-        self.recycled = 0  # blocks served again after a release
+        self.recycled = 0  # blocks served again after their batch was dropped
 
     @property
     def min_bytes(self) -> int:
@@ -103,40 +124,42 @@ class BatchMemory:
         self._shapes = []
 
     def take(self, spec: ExperienceSpec, rows: int) -> dict[str, torch.Tensor] | None:
-        shapes = self._shapes
-        last = shapes[-1] if shapes else None
-        if last is not None and last[1] == rows and last[0] is spec:  # the common case: same shape as last time
-            fields = last[2]
-        else:
-            hit = next((i for i, (sp, r, _) in enumerate(shapes) if r == rows and sp == spec), None)
-            if hit is None:
-                fields = [
-                    _Field(f.name, f.dtype, (rows, *f.shape), rows * f.bytes_per_sample, self.keep)
-                    for f in spec
-                    if rows * f.bytes_per_sample >= self._min_bytes
-                ]
-                if len(shapes) >= self.layouts:  # its blocks are freed with their last reference
-                    shapes.pop(0)
+        with self._lock:
+            shapes = self._shapes
+            last = shapes[-1] if shapes else None
+            if last is not None and last[1] == rows and last[0] is spec:  # the common case: same shape as last time
+                fields = last[2]
             else:
-                fields = shapes.pop(hit)[2]
-            shapes.append((spec, rows, fields))  # most recently used last
-        if not fields:  # no field large enough: the gather allocates (the common case for small transitions)
-            return None
-        out = {}
-        for field in fields:
-            try:
-                block = field.free.pop()
-                self.recycled += 1
-            except IndexError:
-                block = torch.empty(field.nbytes, dtype=torch.uint8).numpy()  # torch's 64-byte alignment
-                self.allocated += 1
-            view = block[:]
-            weakref.finalize(view, field.release, block)
-            out[field.name] = torch.from_numpy(view).view(field.dtype).view(field.shape)
-        return out
+                hit = next((i for i, (sp, r, _) in enumerate(shapes) if r == rows and sp == spec), None)
+                if hit is None:
+                    fields = [
+                        _Field(f.name, f.dtype, (rows, *f.shape), rows * f.bytes_per_sample, self.keep)
+                        for f in spec
+                        if rows * f.bytes_per_sample >= self._min_bytes
+                    ]
+                    if len(shapes) >= self.layouts:  # its blocks are freed with their last reference
+                        shapes.pop(0)
+                else:
+                    fields = shapes.pop(hit)[2]
+                shapes.append((spec, rows, fields))  # most recently used last
+            if not fields:  # no field large enough: the gather allocates (the common case for small transitions)
+                return None
+            out = {}
+            for field in fields:
+                block = field.free()
+                if block is None:
+                    block = torch.empty(field.nbytes, dtype=torch.uint8).numpy()  # torch's 64-byte alignment
+                    self.allocated += 1
+                    field.blocks.append(block)
+                    if len(field.blocks) > field.keep:  # every block held: forget the oldest (freed with its batch)
+                        field.blocks.pop(0)
+                else:
+                    self.recycled += 1
+                out[field.name] = torch.from_numpy(block).view(field.dtype).view(field.shape)
+            return out
 
     @property
     def free(self) -> int:
         """Free blocks of the recycled field with the fewest (of the batch shape taken last)."""
         fields = self._shapes[-1][2] if self._shapes else []
-        return min((len(f.free) for f in fields), default=0)
+        return min((f.free_count for f in fields), default=0)

@@ -209,3 +209,14 @@ def test_held_batches_keep_their_contents_under_any_pull_and_drop_order(ops):
                 held.pop(k % len(held))
             for b, copy in held:
                 assert all(torch.equal(b[n], copy[n]) for n in copy)
+
+
+def test_a_learner_holding_every_pooled_block_gets_new_memory_and_recycling_goes_on():
+    # the pool keeps the `keep` newest blocks: batches held for good do not stop the others from recycling
+    memory = BatchMemory(keep=2, min_bytes=0)
+    held = [memory.take(SPEC, 4) for _ in range(3)]  # all held: three blocks per field, the pool keeps two
+    assert memory.allocated == 3 * len(SPEC.fields) and memory.free == 0
+    for _ in range(5):
+        memory.take(SPEC, 4)  # taken and dropped at once
+    assert memory.recycled >= 4 * len(SPEC.fields)
+    assert all(b["obs"].data_ptr() != memory.take(SPEC, 4)["obs"].data_ptr() for b in held)

@@ -73,7 +73,7 @@ class _Field:
         self.name, self.dtype, self.shape, self.nbytes, self.keep = name, dtype, shape, nbytes, keep
         self.blocks: list[np.ndarray] = []
 
-    def free(self) -> np.ndarray | None:
+    def free_block(self) -> np.ndarray | None:
         counts = _refcounts(self.blocks)
         for i, c in enumerate(counts):
             if c == _FREE:
@@ -124,6 +124,10 @@ class BatchMemory:
         self._shapes = []
 
     def take(self, spec: ExperienceSpec, rows: int) -> dict[str, torch.Tensor] | None:
+        shapes = self._shapes
+        last = shapes[-1] if shapes else None
+        if last is not None and not last[2] and last[1] == rows and last[0] is spec:
+            return None  # small transitions, every pull: no field to recycle, answered without the lock
         with self._lock:
             shapes = self._shapes
             last = shapes[-1] if shapes else None
@@ -146,7 +150,7 @@ class BatchMemory:
                 return None
             out = {}
             for field in fields:
-                block = field.free()
+                block = field.free_block()
                 if block is None:
                     block = torch.empty(field.nbytes, dtype=torch.uint8).numpy()  # torch's 64-byte alignment
                     self.allocated += 1

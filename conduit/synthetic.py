@@ -123,14 +123,14 @@ class SyntheticWorkload:
         if self.policy is Policy.OFF_POLICY:
             base: dict[str, Any] = dict(
                 policy=self.policy, train_batch_size=self.batch_size, capacity=self.capacity,
-                rollout_unit_size=self.unit_size, seed=self.seed, copy_on_push=False,
+                rollout_unit_size=self.unit_size, seed=self.seed,
             )
         else:
             base = dict(
                 policy=self.policy, train_batch_size=self.train_batch_size, rollout_unit_size=self.unit_size,
                 num_minibatches=self.num_minibatches, num_epochs=self.num_epochs, seed=self.seed,
-                copy_on_push=False,
             )
+        base["copy_on_push"] = False  # the synthetic actor hands its units over (module docstring)
         base.update(overrides)
         return ConduitConfig(**base)
 
@@ -222,8 +222,8 @@ def run_loop(
     # units are handed over: at most g are pending when the next is stamped, so g + 1 units never touch one
     g = schedule.ingestion.granularity
     need = (int(g) if g >= 1 else 1) + 1
-    if len(pool) < need:
-        pool = [*pool, *workload.with_(seed=workload.seed + 1).units(need - len(pool))]
+    if len(pool) < need:  # grown in place: callers share one pool across runs, so it is generated once
+        pool.extend(workload.with_(seed=workload.seed + 1).units(need - len(pool)))
     cfg = workload.config(timeout_s=120.0)
     edp = runtime_factory(cfg, schedule) if runtime_factory else Conduit(cfg, schedule=schedule, tracer=tracer)
     result = LoopResult(schedule, period=period(schedule, workload.policy))

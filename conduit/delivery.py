@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 
 from conduit.batch import Batch, BatchInfo
-from conduit.buffer import IterationBuffer, ReplayBuffer
+from conduit.buffer import IterationBuffer, ReplayBuffer, Sampled
 from conduit.errors import ConduitError, RateLimited
 from conduit.executor import FailureBox, StreamSet, Worker, fail, handoff, hold_still, in_worker, wait_until
 from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, Reader, Writer
@@ -362,58 +362,115 @@ class ReplayDelivery(DeliveryPath):
         return self.limiter.can_sample(rows, self.buffer.size)
 
     def _pull_direct(self, learner: int) -> Batch | None:
-        """Inline, no hook, g = 1, rows already on the learner's device, nobody tracing: sample and hand over.
+        """Inline, no hook, rows already on the learner's device, nobody tracing: sample and hand over.
 
         The same operators as the graph (select+gather; to_learner and split are
-        no-ops here) without building a packet. Right after the previous gather
+        no-ops here) without building a packet. At ``g > 1`` the invocation's
+        other ``g - 1`` batches are staged, with their rows reserved, and later
+        pulls take them through the general path. Right after the previous gather
         every attribute read here costs several times its warm time, so what can
         be decided once (the placement check) is. Anything else — waiting, staged
         leftovers, a hook, a transfer — takes the general path.
         """
-        storage = self.buffer.storage
+        buffer = self.buffer
+        storage = buffer.storage
         if storage is not self._direct_storage:  # placed, or migrated: which learners its rows already sit on
             # the list first: a concurrent pull that sees the new storage also sees its list
-            self._direct_learners = [storage is not None and storage.devices == (d,) for d in self.devices]
+            self._direct_learners = [
+                self._hookless and storage is not None and storage.devices == (d,) for d in self.devices
+            ]
             self._direct_storage = storage
-        if not self._hookless or self.mode.granularity != 1 or self.graph.tracer.enabled:
+        mode = self.mode
+        if not self._direct_learners[learner] or self.graph.tracer.enabled:
             return None
-        if not self._direct_learners[learner]:
-            return None
+        g = int(mode.granularity)  # off-policy: a whole number of batches
+        n = self.batch_size
+        limiter = self.limiter
         with self._invoke_locks[learner]:
             with self.cond:
-                if self.staged[learner] or not self._can_produce(learner):
+                if self.staged[learner] or not limiter.can_sample(g * n, buffer.table.count):
                     return None
                 index = self.pulls[learner]
-                self.pulls[learner] += 1
+                self.pulls[learner] = index + 1
                 invocation = self._invocation
-                self._invocation += 1
-                self.stats.pulls += 1
-                self.stats.invocations += 1
-                self.stats.delivered_rows += self.batch_size
+                self._invocation = invocation + 1
+                stats = self.stats
+                stats.pulls += 1
+                stats.invocations += 1
+                stats.delivered_rows += n
+                if g > 1:
+                    limiter.reserve((g - 1) * n)  # the batches staged below, committed as they are pulled
             t0 = time.perf_counter()
             try:
-                s = self.buffer.sample(self.batch_size, out=self._recycled(learner, self.batch_size))
+                if g == 1:
+                    memory = self._memory[learner]
+                    out = memory.take(buffer.spec, n) if memory is not None else self._recycled(learner, n)
+                    s = buffer.sample(n, out=out)
+                    data = s.data
+                else:
+                    parts, s = self._sample_batches(learner, g)
+                    data = parts[0]
             except Exception as exc:
+                if g > 1:
+                    limiter.release((g - 1) * n)
                 fail(self.failure, "delivery operator", exc)
-            self.graph.timings.append((time.perf_counter() - t0, 1.0))
-            self.graph.invocations += 1
+            graph = self.graph
+            graph.timings.append((time.perf_counter() - t0, float(g)))
+            graph.invocations += 1
+            if g > 1:
+                rest = [
+                    _Staged(part, self._info(learner, index, invocation, mode, s, i), None)
+                    for i, part in enumerate(parts[1:], start=1)
+                ]
+                with self.cond:
+                    self.staged[learner].extend(rest)
+        # what _on_pulled does, for a batch sampled and handed over in one step (no reservation between)
+        limiter.sampled(n)
+        indices, ids = (s.indices, s.ids) if g == 1 else (s.indices[:n], s.ids[:n])
+        if buffer.max_times_sampled is not None:
+            buffer.delivered(indices, ids)
+        if self._on_sampled is not None and limiter.samples_per_insert is not None:
+            self._on_sampled()  # actors may be waiting for learners to sample
+        weights = s.weights if g == 1 or s.weights is None else s.weights[:n]
         info = BatchInfo(
-            learner, index, index, s.version, invocation, None, None, None, False, s.indices, s.ids, s.weights,
-            self.mode, self.buffer.inserted,
+            learner, index, index, s.version, invocation, None, None, None, False, indices, ids, weights,
+            mode, buffer.inserted,
         )
-        self._on_pulled(learner, info, reserved=False)
-        return Batch(s.data, info)
+        return Batch(data, info)
+
+    def _sample_batches(self, learner: int, g: int) -> tuple[list[dict[str, torch.Tensor]], Sampled]:
+        """``g`` training batches from one draw, and that draw.
+
+        Small transitions (no field large enough for recycled memory): one gather
+        of ``g·B`` rows, split into views — a kernel call a field instead of ``g``.
+        Otherwise one gather a batch into its own memory (:meth:`ReplayBuffer.sample_split`:
+        one ``g·B`` allocation above glibc's mmap ceiling page-faults afresh every time).
+        """
+        n = self.batch_size
+        outs = [self._recycled(learner, n) for _ in range(g)]
+        if any(o is not None for o in outs):
+            return self.buffer.sample_split([n] * g, outs=outs)
+        s = self.buffer.sample(g * n)
+        parts = [{k: v[i * n : (i + 1) * n] for k, v in s.data.items()} for i in range(g)]
+        return parts, s
+
+    def _info(
+        self, learner: int, sampled_at_pull: int, invocation: int, mode: Mode, s: Sampled, i: int
+    ) -> dict[str, object]:
+        """Provenance of batch ``i`` of an invocation (a staged item's info: BatchInfo fields but the pull's)."""
+        sl = slice(i * self.batch_size, (i + 1) * self.batch_size)
+        return dict(
+            learner=learner, sampled_at_pull=sampled_at_pull, buffer_version=s.version, iteration=invocation,
+            epoch=None, minibatch=None, num_minibatches=None, last=False, indices=s.indices[sl], ids=s.ids[sl],
+            weights=None if s.weights is None else s.weights[sl], mode=mode,
+        )
 
     def _refuse(self, learner: int) -> None:
         if not self.block and self.buffer.ready(self.min_rows):
             raise RateLimited(f"a batch now would break the sample/insert ratio ({self.limiter.describe()})")
 
-    def _on_pulled(self, learner: int, info: BatchInfo, reserved: bool = True) -> None:
-        rows = len(info.indices)
-        if reserved:
-            self.limiter.commit(rows)
-        else:  # the direct path samples and hands over in one step
-            self.limiter.sampled(rows)
+    def _on_pulled(self, learner: int, info: BatchInfo) -> None:
+        self.limiter.commit(len(info.indices))
         self.buffer.delivered(info.indices, info.ids)
         if self._on_sampled is not None and self.limiter.samples_per_insert is not None:
             self._on_sampled()  # actors may be waiting for learners to sample
@@ -487,9 +544,8 @@ class ReplayDelivery(DeliveryPath):
         if len(sizes) == 1:
             sampled = self.buffer.sample(sizes[0], out=self._recycled(learner, sizes[0]))
             packet.parts = [sampled.data]
-        else:  # one draw for g batches, gathered per batch (see ReplayBuffer.sample_split)
-            outs = [self._recycled(learner, n) for n in sizes]
-            packet.parts, sampled = self.buffer.sample_split(sizes, outs=outs)
+        else:  # one draw for g batches (sizes are g training batches)
+            packet.parts, sampled = self._sample_batches(learner, len(sizes))
         packet.meta.update(
             indices=sampled.indices, ids=sampled.ids, weights=sampled.weights, version=sampled.version
         )
@@ -497,18 +553,11 @@ class ReplayDelivery(DeliveryPath):
 
     def _infos(self, packet: Packet) -> list[dict[str, object]]:
         m = packet.meta
-        out = []
-        for i in range(len(m["sizes"])):
-            sl = slice(i * self.batch_size, (i + 1) * self.batch_size)
-            out.append(
-                dict(
-                    learner=m["learner"], sampled_at_pull=m["sampled_at_pull"],
-                    buffer_version=m["version"], iteration=m["invocation"], epoch=None, minibatch=None,
-                    num_minibatches=None, last=False, indices=m["indices"][sl], ids=m["ids"][sl],
-                    weights=None if m["weights"] is None else m["weights"][sl], mode=m["mode"],
-                )
-            )
-        return out
+        drawn = Sampled({}, m["indices"], m["ids"], m["weights"], m["version"])
+        return [
+            self._info(m["learner"], m["sampled_at_pull"], m["invocation"], m["mode"], drawn, i)
+            for i in range(len(m["sizes"]))
+        ]
 
     def _describe_wait(self, learner: int) -> str:
         return (

@@ -356,3 +356,34 @@ def test_inline_pushes_keep_the_same_accounts_whether_written_directly_or_throug
         assert graph.invocations == 5 and len(graph.timings) == 5
         assert edp.ingestion.pending_units == 0
         assert edp.buffer.contents()["tid"].tolist() == list(range(80))
+
+
+@pytest.mark.parametrize("dim", [4, 70_000], ids=["views", "recycled"])  # 8 rows of 70,000 floats: 2.2 MB a field
+def test_inline_batched_pulls_deliver_the_same_batches_directly_or_through_the_graph(dim):
+    """Untraced inline g>1 pulls skip the graph (delivery._pull_direct): same rows, provenance and accounts.
+
+    Small transitions come as views of one gather; large ones each in their own recycled memory.
+    """
+    from conduit.trace import Tracer
+
+    def run(traced: bool) -> tuple[list, list, tuple]:
+        with off_runtime(Mode(False, 1), Mode(False, 4), tracer=Tracer(enabled=traced)) as edp:
+            for u in range(4):
+                edp.push(transitions(16, dim=dim, start=16 * u))
+            batches, infos = [], []
+            for k in range(8):
+                b = edp.pull()
+                assert torch.equal(b["tid"], torch.from_numpy(b.info.ids))
+                assert torch.equal(b["obs"][:, -1], b["tid"].to(torch.float32))
+                infos.append((b.info.staleness, b.info.iteration, b.info.sampled_at_pull, b.info.pull_index))
+                batches.append(b["tid"].clone())
+                reserved = edp.delivery.limiter.reserved
+                assert reserved == 8 * (3 - k % 4)  # the invocation's batches still staged keep their rows reserved
+            limiter = edp.delivery.limiter
+            accounts = (limiter.samples, limiter.reserved, edp.stats().pulls, edp.delivery.graph.invocations)
+        return batches, infos, accounts
+
+    direct, graph = run(False), run(True)
+    assert [t.tolist() for t in direct[0]] == [t.tolist() for t in graph[0]]  # one draw of 4 batches, same seed
+    assert direct[1] == graph[1] == [(k % 4, k // 4, 4 * (k // 4), k) for k in range(8)]
+    assert direct[2] == graph[2] == (64, 0, 8, 2)

@@ -402,14 +402,13 @@ class ReplayDelivery(DeliveryPath):
                     limiter.reserve((g - 1) * n)  # the batches staged below, committed as they are pulled
             t0 = time.perf_counter()
             try:
-                if g == 1:
+                if g == 1:  # what _sample_batches does at g = 1, two calls shorter (~2-5% of a pull at dim 128)
                     memory = self._memory[learner]
                     out = memory.take(buffer.spec, n) if memory is not None else self._recycled(learner, n)
                     s = buffer.sample(n, out=out)
-                    data = s.data
+                    parts = [s.data]
                 else:
                     parts, s = self._sample_batches(learner, g)
-                    data = parts[0]
             except Exception as exc:
                 if g > 1:
                     limiter.release((g - 1) * n)
@@ -424,30 +423,35 @@ class ReplayDelivery(DeliveryPath):
                 ]
                 with self.cond:
                     self.staged[learner].extend(rest)
+        indices, ids, weights = s.indices, s.ids, s.weights
+        if g > 1:  # the first batch's rows
+            indices, ids, weights = indices[:n], ids[:n], None if weights is None else weights[:n]
         # what _on_pulled does, for a batch sampled and handed over in one step (no reservation between)
         limiter.sampled(n)
-        indices, ids = (s.indices, s.ids) if g == 1 else (s.indices[:n], s.ids[:n])
         if buffer.max_times_sampled is not None:
             buffer.delivered(indices, ids)
         if self._on_sampled is not None and limiter.samples_per_insert is not None:
             self._on_sampled()  # actors may be waiting for learners to sample
-        weights = s.weights if g == 1 or s.weights is None else s.weights[:n]
         info = BatchInfo(
             learner, index, index, s.version, invocation, None, None, None, False, indices, ids, weights,
             mode, buffer.inserted,
         )
-        return Batch(data, info)
+        return Batch(parts[0], info)
 
     def _sample_batches(self, learner: int, g: int) -> tuple[list[dict[str, torch.Tensor]], Sampled]:
         """``g`` training batches from one draw, and that draw.
 
-        Small transitions (no field large enough for recycled memory): one gather
-        of ``g·B`` rows, split into views — a kernel call a field instead of ``g``.
-        Otherwise one gather a batch into its own memory (:meth:`ReplayBuffer.sample_split`:
-        one ``g·B`` allocation above glibc's mmap ceiling page-faults afresh every time).
+        One batch: gathered into the memory :meth:`_recycled` offers. Several, of small
+        transitions (no field large enough for recycled memory): one gather of ``g·B``
+        rows split into views — a kernel call a field instead of ``g``. Otherwise one
+        gather a batch into its own memory (:meth:`ReplayBuffer.sample_split`: one
+        ``g·B`` allocation above glibc's mmap ceiling page-faults afresh every time).
         """
         n = self.batch_size
         outs = [self._recycled(learner, n) for _ in range(g)]
+        if g == 1:
+            s = self.buffer.sample(n, out=outs[0])
+            return [s.data], s
         if any(o is not None for o in outs):
             return self.buffer.sample_split([n] * g, outs=outs)
         s = self.buffer.sample(g * n)
@@ -540,12 +544,7 @@ class ReplayDelivery(DeliveryPath):
         return out
 
     def _select_gather(self, packet: Packet) -> Packet:
-        sizes, learner = packet.meta["sizes"], packet.meta["learner"]
-        if len(sizes) == 1:
-            sampled = self.buffer.sample(sizes[0], out=self._recycled(learner, sizes[0]))
-            packet.parts = [sampled.data]
-        else:  # one draw for g batches (sizes are g training batches)
-            packet.parts, sampled = self._sample_batches(learner, len(sizes))
+        packet.parts, sampled = self._sample_batches(packet.meta["learner"], len(packet.meta["sizes"]))
         packet.meta.update(
             indices=sampled.indices, ids=sampled.ids, weights=sampled.weights, version=sampled.version
         )

@@ -333,7 +333,7 @@ def _load_replay(rt: Conduit, where: Path, manifest: dict[str, Any], state: dict
     with dlv.cond:
         dlv.pulls = [int(p) for p in state["pulls"]] or dlv.pulls
         dlv._invocation = int(state["invocation"])  # type: ignore[attr-defined]
-        from conduit.delivery import _Staged
+        from conduit.delivery.base import _Staged
 
         for rank, items in enumerate(staged[: dlv.num_learners]):
             for item in items:

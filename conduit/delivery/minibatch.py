@@ -1,0 +1,88 @@
+"""On-policy delivery: an iteration's shuffled mini-batches, epoch by epoch, never across iterations."""
+
+from __future__ import annotations
+
+from conduit.batch import BatchInfo
+from conduit.buffer import IterationBuffer
+from conduit.delivery.base import DeliveryPath
+from conduit.operators import Packet
+
+__all__ = ["MinibatchDelivery"]
+
+
+class MinibatchDelivery(DeliveryPath):
+    """On-policy: an iteration's shuffled mini-batches, epoch by epoch, never across iterations."""
+
+    def __init__(self, *, buffer: IterationBuffer, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.buffer = buffer
+        self.per_iteration = buffer.num_minibatches * buffer.num_epochs
+        # per learner: (iteration, next flat mini-batch position) of the next invocation
+        self.cursor = [(0, 0)] * self.num_learners
+
+    def _version(self) -> int:
+        return self.buffer.inserted
+
+    def _can_produce(self, learner: int) -> bool:
+        iteration, _ = self.cursor[learner]
+        with self.buffer.lock:
+            return iteration in self.buffer.sealed
+
+    def _begin(self, learner: int) -> Packet:
+        iteration, pos = self.cursor[learner]
+        m = self.buffer.num_minibatches
+        count = m - pos % m if self.mode.granularity >= 1 else 1  # g=1: the rest of this epoch
+        nxt = pos + count
+        self.cursor[learner] = (iteration + 1, 0) if nxt == self.per_iteration else (iteration, nxt)
+        return Packet(
+            [],
+            {
+                "learner": learner, "device": self.devices[learner], "iteration": iteration,
+                "positions": list(range(pos, pos + count)),
+                "sampled_at_pull": self.pulls[learner] + len(self.staged[learner]),
+                "granularity": float(self.mode.granularity),
+                "mode": self.mode,
+            },
+        )
+
+    def _select_gather(self, packet: Packet) -> Packet:
+        meta = packet.meta
+        it = self.buffer.iterations[meta["iteration"]]
+        assert it.plan is not None
+        m = self.buffer.num_minibatches
+        learner = meta["learner"]
+        rows = [it.plan[p // m][p % m][learner] for p in meta["positions"]]
+        memory, spec = self._memory[learner], self.buffer.spec
+        # per mini-batch: no epoch-sized allocation; into released memory where there is some
+        packet.parts = [
+            self.buffer.gather(it, r, out=None if memory is None or spec is None else memory.take(spec, len(r)))
+            for r in rows
+        ]
+        ids = it.id_array()
+        meta.update(rows=rows, sizes=[len(r) for r in rows], ids=[ids[r] for r in rows], version=self.buffer.inserted)
+        return packet
+
+    def _infos(self, packet: Packet) -> list[dict[str, object]]:
+        meta = packet.meta
+        m = self.buffer.num_minibatches
+        out = []
+        for pos, rows, ids in zip(meta["positions"], meta["rows"], meta["ids"]):
+            out.append(
+                dict(
+                    learner=meta["learner"], sampled_at_pull=meta["sampled_at_pull"],
+                    buffer_version=meta["version"], iteration=meta["iteration"], epoch=pos // m,
+                    minibatch=pos % m, num_minibatches=m, last=pos == self.per_iteration - 1,
+                    indices=rows, ids=ids, weights=None, mode=meta["mode"],
+                )
+            )
+        return out
+
+    def _on_pulled(self, learner: int, info: BatchInfo) -> None:
+        self.buffer.delivered(info.iteration, learner)
+
+    def _describe_wait(self, learner: int) -> str:
+        iteration, _ = self.cursor[learner]
+        return (
+            f"on-policy iteration {iteration} for learner {learner}: it is not sealed yet; push the rest of its "
+            "rollouts (train_batch_size rows) or call seal()"
+        )

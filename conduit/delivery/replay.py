@@ -85,8 +85,8 @@ class ReplayDelivery(DeliveryPath):
         limiter = self.limiter
         with self._invoke_locks[learner]:
             with self.cond:
-                if self.staged[learner] or not limiter.can_sample(g * n, buffer.table.count):
-                    return None
+                if self.mode is not mode or self.staged[learner] or not limiter.can_sample(g * n, buffer.table.count):
+                    return None  # switched schedule (set_mode), leftovers to hand out, or not enough rows yet
                 index = self.pulls[learner]
                 self.pulls[learner] = index + 1
                 invocation = self._invocation

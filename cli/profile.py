@@ -225,15 +225,24 @@ def _print_profile(console, label, w, costs, ranked, chosen, baseline, measured,
         f"vs inline {_ms(baseline.exposed)} ms"
     )
     if measured:
-        inl, ch = measured["inline"], measured["chosen"]
-        change = ch["exposed_s"] / inl["exposed_s"] - 1 if inl["exposed_s"] > 0 else float("nan")
-        same = chosen.schedule == baseline.schedule
-        console.print(
-            f"[bold]Measured:[/bold] T_iter {_ms(ch['t_iter_s'])} ms vs inline {_ms(inl['t_iter_s'])} ms; exposed "
-            f"{_ms(ch['exposed_s'])} ms vs {_ms(inl['exposed_s'])} ms "
-            + (f"({change:+.0%} exposed latency)" if change == change else "(inline exposes nothing measurable)")
-            + (" — the plan is the inline schedule: the difference is run-to-run noise" if same else "")
+        console.print(_measured_line(measured, same=chosen.schedule == baseline.schedule))
+
+
+def _measured_line(measured: dict[str, Any], same: bool) -> str:
+    """The check of the plan on the loop; ``same``: the plan is the inline schedule, so both runs are one schedule's."""
+    inl, ch = measured["inline"], measured["chosen"]
+    if same:  # a percentage would only read the noise between two runs
+        return (
+            f"[bold]Measured:[/bold] the plan is the inline schedule; two runs of it: T_iter "
+            f"{_ms(ch['t_iter_s'])} and {_ms(inl['t_iter_s'])} ms, exposed {_ms(ch['exposed_s'])} and "
+            f"{_ms(inl['exposed_s'])} ms — the difference is run-to-run noise"
         )
+    change = ch["exposed_s"] / inl["exposed_s"] - 1 if inl["exposed_s"] > 0 else float("nan")
+    return (
+        f"[bold]Measured:[/bold] T_iter {_ms(ch['t_iter_s'])} ms vs inline {_ms(inl['t_iter_s'])} ms; exposed "
+        f"{_ms(ch['exposed_s'])} ms vs {_ms(inl['exposed_s'])} ms "
+        + (f"({change:+.0%} exposed latency)" if change == change else "(inline exposes nothing measurable)")
+    )
 
 
 def _validate(console: Console, fields: dict[str, Any], dims: list[int], g_max: int, quiet: bool) -> dict[str, Any]:

@@ -53,3 +53,13 @@ def test_profile_prints_tables_and_a_plan():
 def test_profile_rejects_an_unknown_policy():
     result = CliRunner().invoke(app, ["profile", "--policy", "sideways"])
     assert result.exit_code != 0
+
+
+def test_the_measured_check_reads_no_percentage_into_two_runs_of_one_schedule():
+    from conduit.cli.profile import _measured_line
+
+    measured = {"inline": {"t_iter_s": 0.047, "exposed_s": 0.0059}, "chosen": {"t_iter_s": 0.041, "exposed_s": -0.0005}}
+    same = _measured_line(measured, same=True)
+    assert "%" not in same and "two runs of it" in same and "run-to-run noise" in same
+    other = _measured_line(measured, same=False)
+    assert "(-108% exposed latency)" in other

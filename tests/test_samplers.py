@@ -158,3 +158,13 @@ def test_minibatch_plan_covers_every_row_once_per_epoch(rows, m, epochs, learner
 def test_minibatch_plan_rejects_too_few_rows():
     with pytest.raises(ValueError):
         minibatch_plan(3, 4, 1, np.random.default_rng(0))
+
+
+@given(n=st.integers(0, 300), k=st.integers(1, 9))
+def test_plan_split_is_numpy_array_split(n, k):
+    from conduit.samplers.minibatch import split
+
+    a = np.arange(n, dtype=np.int64)
+    ours, theirs = split(a, k), np.array_split(a, k)
+    assert len(ours) == len(theirs) == k
+    assert all(np.array_equal(x, y) for x, y in zip(ours, theirs))

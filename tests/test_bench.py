@@ -383,3 +383,17 @@ def test_the_one_command_behind_benchmarks_md_names_commands_that_exist() -> Non
     for path, args in runs:
         assert (root / path).is_file(), path
         assert f"python {path}{args}".rstrip() in listed or f"{path}{args}".rstrip() in listed, (path, args)
+
+
+def test_tables_print_schedules_verbatim_in_the_terminal():
+    """A schedule reads "ingestion[overlap g=1]": rich must not take the brackets for a style and drop them."""
+    from conduit.cli.bench import _render
+    from rich.console import Console
+
+    from conduit.bench.report import TableData
+
+    console = Console(record=True, width=200)
+    cell = "ingestion[overlap g=1] delivery[inline g=2] (0.79)"
+    _render(console, TableData("t", ["configuration", "dim 1,000"], [["Conduit's schedule", cell]], ["[note] kept"]))
+    text = console.export_text()
+    assert cell in text and "[note] kept" in text

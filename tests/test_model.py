@@ -211,3 +211,41 @@ def test_settle_keeps_the_models_minimum_within_the_noise_margin() -> None:
     assert settle(ranked, {own: 11.0, other: 10.0}).schedule == other  # 10% apart: measurement wins
     assert settle(ranked, {other: 10.0, third: 9.0}).schedule == third  # the model's own not measured
     assert settle(ranked, {own: 10.2, other: 10.0}, margin=0.0).schedule == other
+
+
+def test_settle_keeps_the_inline_baseline_unless_a_plan_beats_it_by_more_than_the_margin() -> None:
+    from conduit.scheduling.profiler import INLINE
+
+    t = {Fraction(g): 1e-3 for g in (1, 2)}
+    ranked = rank(Costs(Policy.OFF_POLICY, 2e-3, 8e-3, t, t), feasible_schedules(Policy.OFF_POLICY, 1, 2, 2))
+    own = ranked[0].schedule
+    assert own != INLINE  # the model prefers something else here
+    assert settle(ranked, {own: 10.0, INLINE: 10.2}, baseline=INLINE).schedule == INLINE  # 2%: buys nothing measurable
+    assert settle(ranked, {own: 10.0, INLINE: 11.0}, baseline=INLINE).schedule == own  # 10%: the plan
+    assert settle(ranked, {own: 10.0, INLINE: 10.2}).schedule == own  # no baseline given: as before
+
+
+def test_a_schedule_that_would_overrule_the_model_meets_its_minimum_again_in_fresh_rounds(monkeypatch) -> None:
+    from conduit.scheduling import profiler
+    from conduit.synthetic import SyntheticWorkload
+
+    t = {Fraction(g): 1e-3 for g in (1, 2)}
+    ranked = rank(Costs(Policy.OFF_POLICY, 2e-3, 8e-3, t, t), feasible_schedules(Policy.OFF_POLICY, 1, 2, 2))
+    own, other, third = (p.schedule for p in ranked[:3])
+    matches: list[list[Schedule]] = []
+    fresh = {own: 10.0, other: 10.6, third: 10.4}  # the lucky first rounds do not repeat
+
+    def rounds(workload, schedules, *args, **kwargs):
+        matches.append(list(schedules))
+        return {s: fresh[s] for s in schedules}
+
+    monkeypatch.setattr(profiler, "interleaved_medians", rounds)
+    w, pool = SyntheticWorkload(dim=8), []
+    # agreement: no rematch
+    assert profiler.rematch(w, ranked, {own: 10.0, other: 10.1}, pool=pool) == {own: 10.0, other: 10.1}
+    assert matches == []
+    # 'other' would overrule the model; fresh rounds put it 6% behind; then 'third' would, and is rematched too
+    out = profiler.rematch(w, ranked, {own: 11.0, other: 9.0, third: 9.5}, pool=pool)
+    assert matches == [[own, other], [own, third]]
+    assert out == {own: 10.0, other: 10.6, third: 10.4}
+    assert settle(ranked, out).schedule == own

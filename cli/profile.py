@@ -26,8 +26,8 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from conduit.scheduling.model import Costs, predict
-from conduit.scheduling.profiler import ProfileSettings, interleaved_medians, profile_workload
-from conduit.scheduling.space import Mode, Policy, Schedule
+from conduit.scheduling.profiler import INLINE, ProfileSettings, interleaved_medians, profile_workload
+from conduit.scheduling.space import Policy
 from conduit.synthetic import CostKind, SyntheticWorkload
 
 POLICIES = {"off": [Policy.OFF_POLICY], "on": [Policy.ON_POLICY], "both": [Policy.OFF_POLICY, Policy.ON_POLICY]}
@@ -48,12 +48,6 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "gpus": gpus,
     }
-
-
-def inline_baseline(policy: Policy) -> Schedule:
-    """An RLlib-style buffer: ingest right after rollout, sample right before update."""
-    one = Mode(False, 1)
-    return Schedule(one, one)
 
 
 def _load_config(path: Path | None) -> dict[str, Any]:
@@ -129,7 +123,7 @@ def _profile_one(console: Console, w: SyntheticWorkload, g_max: int, check: bool
             progress=lambda msg: bar.update(task, description=f"{label}: {msg}"),
         )
         ranked, chosen = result.ranked, result.choice
-        baseline = predict(result.costs, inline_baseline(w.policy))
+        baseline = predict(result.costs, INLINE)  # an RLlib-style buffer
         measured: dict[str, Any] = {}
         if check:
             bar.update(task, description=f"{label}: measuring the plan against inline")

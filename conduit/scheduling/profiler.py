@@ -17,9 +17,11 @@
   machine schedules within a few percent of each other are inside the noise of
   any one estimate. :func:`verify` runs the model's few best on the real loop,
   interleaved, and the plan is the fastest measured of them: the model prunes
-  dozens of candidates to a handful, measurement settles the rest. A measured
-  schedule that would overrule the model's minimum meets it again in fresh
-  rounds first (:func:`rematch`): the luckiest of a few noisy runs is not a plan.
+  dozens of candidates to a handful, measurement settles the rest. The inline
+  schedule is measured with them, and a plan must beat it by more than the
+  noise margin; a plan that overrules the model's minimum or inline meets them
+  again in fresh rounds first (:func:`rematch`): the luckiest of a few noisy
+  runs is not a plan.
 
 Everything is bounded: a handful of invocations per granularity and a few dozen
 loop iterations per calibration run.

@@ -123,16 +123,11 @@ class ReplayDelivery(DeliveryPath):
         indices, ids, weights = s.indices, s.ids, s.weights
         if g > 1:  # the first batch's rows
             indices, ids, weights = indices[:n], ids[:n], None if weights is None else weights[:n]
-        # what _on_pulled does, for a batch sampled and handed over in one step (no reservation between)
-        limiter.sampled(n)
-        if buffer.max_times_sampled is not None:
-            buffer.delivered(indices, ids)
-        if self._on_sampled is not None and limiter.samples_per_insert is not None:
-            self._on_sampled()  # actors may be waiting for learners to sample
         info = BatchInfo(
             learner, index, index, s.version, invocation, None, None, None, False, indices, ids, weights,
             mode, buffer.inserted,
         )
+        self._on_pulled(learner, info, reserved=False)
         return Batch(parts[0], info)
 
     def _sample_batches(self, learner: int, g: int) -> tuple[list[dict[str, torch.Tensor]], Sampled]:
@@ -170,8 +165,12 @@ class ReplayDelivery(DeliveryPath):
         if not self.block and self.buffer.ready(self.min_rows):
             raise RateLimited(f"a batch now would break the sample/insert ratio ({self.limiter.describe()})")
 
-    def _on_pulled(self, learner: int, info: BatchInfo) -> None:
-        self.limiter.commit(len(info.indices))
+    def _on_pulled(self, learner: int, info: BatchInfo, reserved: bool = True) -> None:
+        rows = len(info.indices)
+        if reserved:
+            self.limiter.commit(rows)
+        else:  # the direct path samples and hands over in one step: no reservation between
+            self.limiter.sampled(rows)
         self.buffer.delivered(info.indices, info.ids)
         if self._on_sampled is not None and self.limiter.samples_per_insert is not None:
             self._on_sampled()  # actors may be waiting for learners to sample

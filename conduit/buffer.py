@@ -313,12 +313,52 @@ class Iteration:
     rows: int = 0
     ids: list[np.ndarray] | None = None
     sealed: bool = False
+    #: ``plan[epoch][minibatch][learner]`` -> rows (insertion order); drawn for the expected rows when the
+    #: iteration is created, drawn again at the seal if it ends with another count
     plan: list[list[list[np.ndarray]]] | None = None
     #: mini-batches still to be delivered, per learner
     remaining: list[int] | None = None
+    #: storage row of each of the first ``len(position)`` rows (later rows sit at their own index);
+    #: None: every row at its own index
+    position: np.ndarray | None = None
+    #: ``runs[minibatch][learner] = (start, n)``: the storage rows of the last epoch's mini-batches, while
+    #: ``plan`` is the plan the rows were laid out by (None otherwise)
+    runs: list[list[tuple[int, int]]] | None = None
 
     def id_array(self) -> np.ndarray:
         return np.concatenate(self.ids) if self.ids else np.zeros(0, dtype=np.int64)
+
+    def slots(self, rows: np.ndarray) -> np.ndarray:
+        """Storage rows of ``rows`` (insertion order)."""
+        p = self.position
+        if p is None:
+            return rows
+        if rows.size and int(rows.max()) >= len(p):
+            return np.where(rows < len(p), p[np.minimum(rows, len(p) - 1)], rows)
+        return p[rows]
+
+
+def laid_out(epoch: list[list[np.ndarray]]) -> tuple[np.ndarray | None, list[list[tuple[int, int]]]]:
+    """Storage rows that put an epoch's mini-batches side by side, in plan order, and each one's run.
+
+    ``epoch[minibatch][learner]`` are rows (insertion order) covering ``0..R`` once;
+    row ``r`` goes to storage row ``position[r]`` so that mini-batch ``j`` of learner
+    ``l`` is the run ``runs[j][l] = (start, n)``. ``position`` is None when the
+    epoch is unshuffled (every row at its own index already).
+    """
+    order = np.concatenate([rows for mb in epoch for rows in mb])
+    runs: list[list[tuple[int, int]]] = []
+    start = 0
+    for mb in epoch:
+        runs.append([])
+        for rows in mb:
+            runs[-1].append((start, len(rows)))
+            start += len(rows)
+    if np.array_equal(order, np.arange(len(order))):
+        return None, runs
+    position = np.empty_like(order)
+    position[order] = np.arange(len(order), dtype=order.dtype)
+    return position, runs
 
 
 class IterationBuffer:
@@ -326,6 +366,19 @@ class IterationBuffer:
 
     At most ``max_in_flight`` iterations exist at once (one being consumed, one
     being collected by default); writes to a further iteration wait.
+
+    With ``presort`` the rows are stored in the order of the last epoch's shuffled
+    mini-batches (the plan is drawn when an iteration's first rows arrive, for
+    ``expected_rows``; numpy's row scatter costs about what the contiguous copy
+    did): that epoch's mini-batches are then runs of consecutive storage rows,
+    handed to the learner as views — no gather, and an on-policy iteration's rows
+    are moved once. A store is reused only once no view of it is alive
+    (:meth:`Storage.in_use`), so a learner may keep a mini-batch as long as it
+    likes; mini-batches of earlier epochs are gathered copies (a learner that
+    normalizes one in place must not change what a later epoch reads). An
+    iteration sealed with another count than expected gets a plan of its own and is
+    gathered, epoch by epoch, from wherever its rows were stored. Either way the
+    plans, and so the mini-batches, are the same draw by draw.
     """
 
     def __init__(
@@ -341,8 +394,12 @@ class IterationBuffer:
         growable: frozenset[str] = frozenset(),
         max_in_flight: int = 2,
         shuffle: bool = True,
+        expected_rows: int | None = None,
+        presort: bool = True,
     ) -> None:
         self.rows = rows
+        self.expected_rows = rows if expected_rows is None else expected_rows
+        self.presort = presort
         self.policy = storage
         self._specs = _SpecHolder(spec, growable)
         self.num_minibatches = num_minibatches
@@ -406,7 +463,10 @@ class IterationBuffer:
             for tensors in checked:
                 n = batch_size_of(tensors)
                 self._ensure_room(it, n, tensors)
-                it.storage.write(it.rows, tensors)
+                if it.position is None:
+                    it.storage.write(it.rows, tensors)
+                else:
+                    it.storage.write_slots(it.slots(np.arange(it.rows, it.rows + n)), tensors)
                 assert it.ids is not None
                 it.ids.append(np.arange(self.inserted, self.inserted + n))
                 it.rows += n
@@ -419,10 +479,24 @@ class IterationBuffer:
         it = self.iterations.get(iteration)
         if it is None:
             assert self._specs.spec is not None
-            storage = self._free.pop() if self._free else self.policy.create(self._specs.spec, self.rows)
+            storage = self._reusable() or self.policy.create(self._specs.spec, self.rows)
             it = Iteration(iteration, storage, ids=[])
+            if self.expected_rows >= self.num_minibatches * self.num_learners:  # else drawn at the seal
+                it.plan = minibatch_plan(
+                    self.expected_rows, self.num_minibatches, self.num_epochs, self.rng, self.num_learners,
+                    self.shuffle,
+                )
+                if self.presort and self.expected_rows <= storage.rows:
+                    it.position, it.runs = laid_out(it.plan[-1])
             self.iterations[iteration] = it
         return it
+
+    def _reusable(self) -> Storage | None:
+        """A released store no delivered view still refers to (caller holds the lock)."""
+        for i, storage in enumerate(self._free):
+            if not storage.in_use():
+                return self._free.pop(i)
+        return None
 
     def _ensure_room(self, it: Iteration, n: int, tensors: Mapping[str, torch.Tensor]) -> None:
         assert self._specs.spec is not None
@@ -434,7 +508,8 @@ class IterationBuffer:
         if grown is None and need <= it.storage.rows:
             return
         new = self.policy.create(self._specs.spec, max(need, it.storage.rows, self.rows))
-        copy_rows(it.storage, new, it.rows)
+        # laid out: the rows so far are spread over the expected rows' storage rows
+        copy_rows(it.storage, new, it.rows if it.position is None else max(it.rows, len(it.position)))
         it.storage.close()
         it.storage = new
 
@@ -445,9 +520,11 @@ class IterationBuffer:
             if it is None or it.rows == 0:
                 raise SemanticsError(f"iteration {iteration} has no rows to seal")
             it.sealed = True
-            it.plan = minibatch_plan(
-                it.rows, self.num_minibatches, self.num_epochs, self.rng, self.num_learners, self.shuffle
-            )
+            if it.plan is None or it.rows != self.expected_rows:  # another count than the plan was drawn for
+                it.plan = minibatch_plan(
+                    it.rows, self.num_minibatches, self.num_epochs, self.rng, self.num_learners, self.shuffle
+                )
+                it.runs = None
             it.remaining = [self.num_minibatches * self.num_epochs] * self.num_learners
             self.sealed.add(iteration)
             self.changed.notify_all()
@@ -468,15 +545,24 @@ class IterationBuffer:
         device: torch.device | None = None,
         out: Mapping[str, torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Rows of ``it`` (into ``out`` when given: recycled batch memory)."""
+        """Rows ``rows`` (insertion order) of ``it`` (into ``out`` when given: recycled batch memory)."""
+        idx = torch.from_numpy(it.slots(rows))
         with self.lock:
             if self._order is not None:
                 self._order.before_read()
-            idx = torch.from_numpy(rows)
             out = it.storage.gather(idx, device) if out is None else it.storage.gather(idx, device, out)
             if self._order is not None:
                 self._order.after_read()
             return out
+
+    def view(self, it: Iteration, epoch: int, minibatch: int, learner: int) -> dict[str, torch.Tensor] | None:
+        """Mini-batch ``minibatch`` of ``epoch`` for ``learner`` as views of the store, where its rows were laid
+        out in that epoch's order (the last epoch's, see ``presort``) and the storage hands out views; else None."""
+        if it.runs is None or epoch != self.num_epochs - 1:
+            return None
+        start, n = it.runs[minibatch][learner]
+        with self.lock:
+            return it.storage.view(start, n)
 
     def delivered(self, iteration: int, learner: int, count: int = 1) -> None:
         """Mark mini-batches handed to ``learner``; release the iteration when all learners are done."""
@@ -491,6 +577,11 @@ class IterationBuffer:
                 del self.iterations[iteration]
                 if it.storage.rows == self.rows and it.storage.spec == self._specs.spec:
                     self._free.append(it.storage)
+                    if len(self._free) > self.max_in_flight:  # a learner keeps views: let one such store go
+                        busy = [s for s in self._free if s.in_use()]
+                        dropped = busy[0] if busy else self._free[0]
+                        self._free.remove(dropped)
+                        dropped.close()  # its memory goes when the last view of it does
                 else:
                     it.storage.close()
                 self.consumed += 1

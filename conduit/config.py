@@ -125,6 +125,13 @@ class ConduitConfig(BaseModel):
             (batch, tensor, view, numpy array) is gone, and the next batch is gathered into
             it — nothing alive is ever overwritten. Smaller fields come from the allocator,
             which reuses them as fast. ``False``: fresh memory every pull.
+        presort: on-policy: each iteration's rows are stored in the order of its last epoch's
+            shuffled mini-batches (the plan is drawn when its first rows arrive), so that epoch's
+            mini-batches reach the learner as views of the store instead of gathered copies
+            (with one epoch, an iteration's rows are moved once: its ingestion). The store is
+            reused only once no view of it is alive; earlier epochs are gathered as before. The
+            mini-batches are the same either way. ``False``: every mini-batch is gathered, as
+            RLlib's mini-batch iterator does.
         copy_on_push: when a push's write is deferred (overlapped ingestion, or ``g > 1``
             gathering several units per invocation), push first copies the unit, so an actor
             may write into its arrays again as soon as push returns — as with any replay
@@ -162,6 +169,7 @@ class ConduitConfig(BaseModel):
     rate_limit: RateLimit | None = None
     batch_pool: Annotated[int, Field(ge=0)] = 0
     recycle_batches: bool = True
+    presort: bool = True
     copy_on_push: bool = True
     min_size_to_sample: Annotated[int, Field(gt=0)] | None = None
     g_max: Annotated[int, Field(gt=0, le=64)] = 4

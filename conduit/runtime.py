@@ -210,7 +210,8 @@ class Conduit:
                 self.buffer = IterationBuffer(
                     cfg.storage_rows, self.storage_policy, num_minibatches=cfg.num_minibatches,
                     num_epochs=cfg.num_epochs, num_learners=cfg.num_learners, spec=self.spec_declared,
-                    seed=cfg.seed, growable=self.growable,
+                    seed=cfg.seed, growable=self.growable, expected_rows=cfg.train_batch_size,
+                    presort=cfg.presort,
                 )
                 self.delivery = MinibatchDelivery(
                     buffer=self.buffer, mode=self.schedule.delivery, hook=self._hook(HookKind.DELIVERY),

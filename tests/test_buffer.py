@@ -136,8 +136,11 @@ def test_iteration_buffer_never_mixes_iterations():
     assert buf.current() is None and buf.consumed == 1 and buf.accepts(2)
 
 
-def test_iteration_buffer_grows_for_a_unit_larger_than_its_slack():
-    buf = IterationBuffer(4, FixedStorage(), num_minibatches=1, num_epochs=1, num_learners=1)
+@pytest.mark.parametrize("presort", [True, False])
+def test_iteration_buffer_grows_for_a_unit_larger_than_its_slack(presort):
+    buf = IterationBuffer(4, FixedStorage(), num_minibatches=1, num_epochs=1, num_learners=1, presort=presort)
     buf.write(0, [transitions(3), transitions(3, start=3)])
     it = buf.iterations[0]
-    assert it.rows == 6 and it.storage.read(0, 6)["tid"].tolist() == list(range(6))
+    # laid out (presort), the first 4 rows were scattered over the store before it grew: every row survives
+    assert it.rows == 6 and buf.gather(it, np.arange(6))["tid"].tolist() == list(range(6))
+    assert (it.position is not None) is presort

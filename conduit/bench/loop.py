@@ -7,16 +7,18 @@ actor/learner loop (:func:`conduit.synthetic.run_loop`) in interleaved repeats:
 
 - **inline** — an RLlib-style buffer: ingest right after rollout, sample right
   before update, pageable CPU (``inline g=1`` on both paths), a fresh batch
-  per sample (RLlib's buffers concatenate into new arrays);
+  per sample (RLlib's buffers concatenate into new arrays), every on-policy
+  mini-batch gathered (RLlib's mini-batch iterator: ``presort=False``);
 - **Reverb-style** — request-driven, pageable CPU, fresh batches: inline ``g=1`` with one
   extra copy of every inserted unit and every sampled batch (the serialize /
   deserialize hop of a buffer server). A lower bound: real Reverb adds gRPC
   and protobuf time on top (30-50 ms per sample on this class of machine,
   DESIGN.md §7);
 - **GEAR-style** — inline ``g=1`` on pinned host memory (needs CUDA);
-- **inline, recycled batch memory** — the inline schedule with Conduit's
-  default batch memory (dropped batches recycled): the memory's share of the
-  cut, apart from the schedule's;
+- **inline, Conduit's batch memory** — the inline schedule with Conduit's
+  default batch memory (dropped batches recycled; on-policy, the store laid
+  out in mini-batch order and the last epoch's mini-batches handed out as
+  views): the memory's share of the cut, apart from the schedule's;
 - **overlap g=1** — both paths overlapped at the smallest granularity (the
   paper's Fig. 14 "Conduit with overlap");
 - **fixed placement p** — Conduit's schedule on each placement this machine
@@ -118,8 +120,8 @@ def build_configs(
                 unavailable="pinned host memory needs CUDA; this machine has none",
             )
         )
-    # the inline schedule with Conduit's recycled batch memory: the memory's share of the cut, apart from the schedule's
-    run.append(LoopConfig("inline, recycled batch memory", "inline_recycled", "cpu", inline))
+    # the inline schedule with Conduit's batch memory: the memory's share of the cut, apart from the schedule's
+    run.append(LoopConfig("inline, Conduit's batch memory", "inline_recycled", "cpu", inline))
     run.append(LoopConfig(f"overlap ({_overlap_schedule(w).delivery})", "overlap", "cpu", _overlap_schedule(w)))
     for p in _placements():
         if p != auto_placement:
@@ -179,8 +181,9 @@ def runtime_factory(
 
     def make(cfg: ConduitConfig, schedule: Schedule) -> Conduit:
         update: dict[str, Any] = {"learner_device": learner}
-        if c.fresh_batches:
+        if c.fresh_batches:  # a fresh batch per sample, every mini-batch gathered: what the baselines do
             update["recycle_batches"] = False
+            update["presort"] = False
         cfg = cfg.model_copy(update=update)
         storage = auto if c.auto_placement else FixedStorage(c.placement)
         edp = Conduit(cfg, schedule=schedule, storage=storage, tracer=tracer or Tracer(enabled=False))

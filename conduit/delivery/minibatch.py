@@ -53,11 +53,17 @@ class MinibatchDelivery(DeliveryPath):
         learner = meta["learner"]
         rows = [it.plan[p // m][p % m][learner] for p in meta["positions"]]
         memory, spec = self._memory[learner], self.buffer.spec
-        # per mini-batch: no epoch-sized allocation; into released memory where there is some
-        packet.parts = [
-            self.buffer.gather(it, r, out=None if memory is None or spec is None else memory.take(spec, len(r)))
-            for r in rows
-        ]
+        # per mini-batch: no epoch-sized allocation; views of the store where its rows are laid out in this
+        # epoch's order, else gathered into released memory where there is some
+        # views only where the learner reads the store's own memory (a GPU learner's copy reads a pinned gather)
+        local = it.storage.devices == (self.devices[learner],)
+        packet.parts = []
+        for p, r in zip(meta["positions"], rows):
+            part = self.buffer.view(it, p // m, p % m, learner) if local else None
+            if part is None:
+                out = None if memory is None or spec is None else memory.take(spec, len(r))
+                part = self.buffer.gather(it, r, out=out)
+            packet.parts.append(part)
         ids = it.id_array()
         meta.update(rows=rows, sizes=[len(r) for r in rows], ids=[ids[r] for r in rows], version=self.buffer.inserted)
         return packet

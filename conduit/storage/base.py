@@ -66,6 +66,17 @@ class Storage(ABC):
         storage may ignore it and allocate.
         """
 
+    def view(self, start: int, n: int) -> dict[str, torch.Tensor] | None:
+        """Rows ``start .. start+n`` as views of the storage itself (no copy), or None where it cannot.
+
+        Whoever hands such views out must not reuse the storage while :meth:`in_use`.
+        """
+        return None
+
+    def in_use(self) -> bool:
+        """Whether a view from :meth:`view` (or a view of one) is still alive somewhere."""
+        return False
+
     @abstractmethod
     def read(self, start: int, n: int) -> dict[str, torch.Tensor]:
         """A copy of rows ``start .. start+n`` (mod rows), for checkpoints and migration."""

@@ -11,7 +11,7 @@ they are first touched: a random-row gather then misses the TLB far less.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -105,6 +105,8 @@ class TensorStorage(Storage):
         self._host = self.device.type == "cpu"
         self._may_pad = spec.has_growable  # else the spec's check has fixed every trailing shape already
         self._numpy = _numpy_views(self.tensors) if self._host else {}
+        # what each field's memory is referenced by while no view of it is out (see in_use)
+        self._idle_refs = {name: _use_count(t) for name, t in self.tensors.items()} if _use_count else None
 
     def _alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         t = torch.empty(shape, dtype=dtype, device=self.device, pin_memory=self.pinned)
@@ -156,9 +158,18 @@ class TensorStorage(Storage):
                 copy_into(dst[: n - first], src[first:], non_blocking)
 
     def write_slots(self, slots: np.ndarray, data: Mapping[str, torch.Tensor]) -> None:
-        idx = torch.as_tensor(np.asarray(slots, dtype=np.int64)).to(self.device)
+        slots = np.asarray(slots, dtype=np.int64)
+        idx = torch.from_numpy(slots).to(self.device)
+        views = self._numpy
         for name, dst in self.tensors.items():
             src = data[name]
+            below = views.get(name)
+            if below is not None and src.shape[1:] == dst.shape[1:]:
+                try:  # numpy's row scatter: ~2x faster than index_copy_ (dim 1,000: 68 vs 149 us for 256 rows)
+                    below[0][slots] = src.numpy()
+                    continue
+                except (RuntimeError, TypeError):  # on a GPU, requires grad, a conj/neg bit: torch copies it
+                    pass
             if src.shape[1:] != dst.shape[1:]:
                 src = _pad_to(src, dst.shape[1:])
             src = src.to(self.device, non_blocking=self.device.type == "cuda")
@@ -206,6 +217,17 @@ class TensorStorage(Storage):
             out = {k: v.to(device, non_blocking=device.type == "cuda") for k, v in out.items()}
         return out
 
+    def view(self, start: int, n: int) -> dict[str, torch.Tensor] | None:
+        """Host rows ``start .. start+n`` as views (GPU storage: None, a delivery stream would have to be ordered)."""
+        if not self._host or self._idle_refs is None or start < 0 or start + n > self.rows:
+            return None
+        return {name: t[start : start + n] for name, t in self.tensors.items()}
+
+    def in_use(self) -> bool:
+        if self._idle_refs is None or _use_count is None:
+            return False
+        return any(_use_count(t) != self._idle_refs[name] for name, t in self.tensors.items())
+
     def read(self, start: int, n: int) -> dict[str, torch.Tensor]:
         start %= self.rows
         first = min(n, self.rows - start)
@@ -218,6 +240,17 @@ class TensorStorage(Storage):
     def close(self) -> None:
         self.tensors = {}
         self._numpy = {}  # its numpy views would keep the memory alive
+
+
+def _storage_use_count(t: torch.Tensor) -> int:
+    return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+
+
+#: how many tensors (views included) share a tensor's memory: torch's private counter, so it is
+#: probed once here; where a torch lacks it, storages hand out no views (in_use could not tell)
+_use_count: Callable[[torch.Tensor], int] | None = (
+    _storage_use_count if hasattr(torch._C, "_storage_Use_Count") else None
+)
 
 
 def _numpy_views(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[np.ndarray, int]]:

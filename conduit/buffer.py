@@ -486,7 +486,9 @@ class IterationBuffer:
                     self.expected_rows, self.num_minibatches, self.num_epochs, self.rng, self.num_learners,
                     self.shuffle,
                 )
-                if self.presort and self.expected_rows <= storage.rows:
+                # laid out only where the last epoch can be handed out as views: elsewhere (a GPU store) the
+                # scatter would buy nothing, every mini-batch is gathered there anyway
+                if self.presort and storage.hands_out_views and self.expected_rows <= storage.rows:
                     it.position, it.runs = laid_out(it.plan[-1])
             self.iterations[iteration] = it
         return it

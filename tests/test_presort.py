@@ -170,3 +170,15 @@ def test_an_iteration_buffer_reuses_only_stores_no_view_refers_to():
     # every kept view still holds rows of its own iteration: no store was reused under it
     assert [all(8 * i <= t < 8 * (i + 1) for t in ts) for i, ts in enumerate(tids)] == [True] * 4
     assert len(buf._free) <= buf.max_in_flight
+
+
+def test_a_store_that_hands_out_no_views_is_not_laid_out(monkeypatch):
+    # a GPU store (here: a host one that says so) keeps rows in arrival order, every mini-batch gathered
+    monkeypatch.setattr(TensorStorage, "hands_out_views", property(lambda self: False))
+    buf = IterationBuffer(16, FixedStorage(), num_minibatches=2, num_epochs=1, num_learners=1, seed=0)
+    buf.write(0, [transitions(16)])
+    buf.seal(0)
+    it = buf.iterations[0]
+    assert it.position is None and it.runs is None
+    assert buf.view(it, 0, 0, 0) is None
+    assert sorted(buf.gather(it, np.concatenate(it.plan[0][0] + it.plan[0][1]))["tid"].tolist()) == list(range(16))

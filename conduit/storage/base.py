@@ -66,6 +66,11 @@ class Storage(ABC):
         storage may ignore it and allocate.
         """
 
+    @property
+    def hands_out_views(self) -> bool:
+        """Whether :meth:`view` gives views (and :meth:`in_use` can tell when they are gone)."""
+        return False
+
     def view(self, start: int, n: int) -> dict[str, torch.Tensor] | None:
         """Rows ``start .. start+n`` as views of the storage itself (no copy), or None where it cannot.
 

@@ -217,9 +217,14 @@ class TensorStorage(Storage):
             out = {k: v.to(device, non_blocking=device.type == "cuda") for k, v in out.items()}
         return out
 
+    @property
+    def hands_out_views(self) -> bool:
+        # host memory only: views of a GPU store would need the delivery stream ordered against the learner's
+        return self._host and self._idle_refs is not None
+
     def view(self, start: int, n: int) -> dict[str, torch.Tensor] | None:
-        """Host rows ``start .. start+n`` as views (GPU storage: None, a delivery stream would have to be ordered)."""
-        if not self._host or self._idle_refs is None or start < 0 or start + n > self.rows:
+        """Host rows ``start .. start+n`` as views (see :attr:`hands_out_views`)."""
+        if not self.hands_out_views or start < 0 or start + n > self.rows:
             return None
         return {name: t[start : start + n] for name, t in self.tensors.items()}
 

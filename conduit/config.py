@@ -130,8 +130,10 @@ class ConduitConfig(BaseModel):
             mini-batches reach the learner as views of the store instead of gathered copies
             (with one epoch, an iteration's rows are moved once: its ingestion). The store is
             reused only once no view of it is alive; earlier epochs are gathered as before. The
-            mini-batches are the same either way. ``False``: every mini-batch is gathered, as
-            RLlib's mini-batch iterator does.
+            mini-batches are the same either way. A kept view keeps its whole store alive (and
+            ``torch.save`` of one writes the store's field): ``clone()`` a mini-batch to keep it
+            alone. Host stores only (a GPU store gathers on the device). ``False``: every
+            mini-batch is gathered, as RLlib's mini-batch iterator does.
         copy_on_push: when a push's write is deferred (overlapped ingestion, or ``g > 1``
             gathering several units per invocation), push first copies the unit, so an actor
             may write into its arrays again as soon as push returns — as with any replay

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from conduit import Conduit
 from conduit.buffer import IterationBuffer, laid_out
 from conduit.scheduling.space import Mode, Schedule
-from conduit.spec import ExperienceSpec
+from conduit.spec import ExperienceSpec, FieldSpec
 from conduit.storage import FixedStorage, TensorStorage
 from tests.helpers import transitions
 
@@ -182,3 +182,33 @@ def test_a_store_that_hands_out_no_views_is_not_laid_out(monkeypatch):
     assert it.position is None and it.runs is None
     assert buf.view(it, 0, 0, 0) is None
     assert sorted(buf.gather(it, np.concatenate(it.plan[0][0] + it.plan[0][1]))["tid"].tolist()) == list(range(16))
+
+
+def test_a_field_that_grows_mid_iteration_keeps_every_row_laid_out():
+    # longer sequences arrive halfway through an iteration: the store is re-allocated wider and every row,
+    # wherever the layout had put it, comes along zero-padded
+    def consume(presort: bool) -> list[list[list[float]]]:
+        spec = ExperienceSpec.of(obs=FieldSpec("obs", (2,), torch.float32, growable=True), tid=((), "int64"))
+        buf = IterationBuffer(
+            12, FixedStorage(), num_minibatches=2, num_epochs=2, num_learners=1, spec=spec, seed=5,
+            expected_rows=8, presort=presort,
+        )
+        out = []
+        for i in range(3):
+            buf.write(i, [{"obs": torch.full((4, 2), 10.0 * i + 1), "tid": torch.arange(8 * i, 8 * i + 4)}])
+            buf.write(i, [{"obs": torch.full((4, 3 + i), 10.0 * i + 2), "tid": torch.arange(8 * i + 4, 8 * i + 8)}])
+            buf.seal(i)
+            it = buf.iterations[i]
+            assert (it.runs is not None) is presort
+            for epoch in range(2):
+                for j in range(2):
+                    part = buf.view(it, epoch, j, 0)
+                    if part is None:
+                        part = buf.gather(it, it.plan[epoch][j][0])
+                    out.append(part["obs"].tolist())
+            buf.delivered(i, 0, 4)
+        return out
+
+    got = consume(True)
+    assert got == consume(False)
+    assert any(row[-1] == 0.0 and row[0] == 1.0 for mb in got for row in mb)  # an early, narrow row, padded

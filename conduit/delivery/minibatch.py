@@ -54,7 +54,7 @@ class MinibatchDelivery(DeliveryPath):
         rows = [it.plan[p // m][p % m][learner] for p in meta["positions"]]
         memory, spec = self._memory[learner], self.buffer.spec
         # per mini-batch, no epoch-sized allocation: views of the store where its rows are laid out in this
-        # epoch's order and the learner reads the store's own memory (a GPU learner's copy reads a pinned
+        # epoch's order and the learner reads the store's own memory (a GPU learner's copy starts from a
         # gather), else gathered into released memory where there is some
         local = it.storage.devices == (self.devices[learner],)
         packet.parts = []

@@ -6,6 +6,8 @@ Skipped cleanly on machines without CUDA; run on a GPU machine with
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import pytest
 import torch
 
@@ -52,6 +54,29 @@ def test_on_policy_pipelined_minibatches_on_gpu(storage):
             for e in (0, 1):
                 rows = torch.cat([b["tid"] for b in mbs if b.info.epoch == e]).cpu().tolist()
                 assert sorted(rows) == list(range(512 * it, 512 * it + 512))
+
+
+@pytest.mark.parametrize("storage", PLACEMENTS)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_on_policy_gpu_learner_gets_the_same_minibatches_with_or_without_the_store_layout(storage, overlap):
+    # a host store is laid out but a GPU learner's copy starts from a gather; a GPU store is not laid out
+    def consume(presort: bool) -> list[list[int]]:
+        got = []
+        q = Mode(overlap, Fraction(1, 4)) if overlap else Mode(False, 1)
+        with Conduit(
+            policy="on_policy", train_batch_size=256, num_minibatches=4, num_epochs=2, learner_device="cuda:0",
+            storage_device=storage, seed=3, presort=presort, schedule=Schedule(q, q),
+        ) as edp:
+            for it in range(3):
+                for u in range(4):
+                    edp.push(transitions(64, dim=32, start=256 * it + 64 * u))
+                for b in edp.minibatches():
+                    assert b.device.type == "cuda"
+                    assert torch.equal(b["obs"][:, 0], b["tid"].float())  # consumed on the learner's stream
+                    got.append(b["tid"].cpu().tolist())
+        return got
+
+    assert consume(True) == consume(False)
 
 
 def test_each_path_gets_its_own_stream_and_events_order_the_handoff():

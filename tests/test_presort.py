@@ -212,3 +212,23 @@ def test_a_field_that_grows_mid_iteration_keeps_every_row_laid_out():
     got = consume(True)
     assert got == consume(False)
     assert any(row[-1] == 0.0 and row[0] == 1.0 for mb in got for row in mb)  # an early, narrow row, padded
+
+
+def test_a_view_moved_to_shared_memory_takes_the_store_along_and_writes_follow():
+    # a torch.multiprocessing queue moves a tensor it sends to shared memory: for a view that is the whole
+    # field's memory, and the old block is freed under any numpy view the storage made of it earlier
+    spec = ExperienceSpec.of(obs=((3,), "float32"), tid=((), "int64"))
+    s = TensorStorage(spec, 8)
+    views = s.view(0, 4)
+    assert views is not None
+    views["obs"].share_memory_()
+    views["tid"].share_memory_()
+    assert s.tensors["obs"].is_shared()
+    s.write(4, {"obs": torch.full((2, 3), 7.0), "tid": torch.tensor([40, 41])})
+    s.write_slots(np.array([7, 6]), {"obs": torch.full((2, 3), 9.0), "tid": torch.tensor([70, 60])})
+    got = s.gather(torch.arange(4, 8))
+    assert got["tid"].tolist() == [40, 41, 60, 70]
+    assert got["obs"][:, 0].tolist() == [7.0, 7.0, 9.0, 9.0]
+    assert torch.equal(views["obs"], s.tensors["obs"][:4])  # the view still shares the (moved) memory
+    del views
+    assert not s.in_use()

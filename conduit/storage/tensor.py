@@ -107,6 +107,7 @@ class TensorStorage(Storage):
         self._numpy = _numpy_views(self.tensors) if self._host else {}
         # what each field's memory is referenced by while no view of it is out (see in_use)
         self._idle_refs = {name: _use_count(t) for name, t in self.tensors.items()} if _use_count else None
+        self._viewed = False  # whether view() ever handed rows out (then writes re-check their numpy views)
 
     def _alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         t = torch.empty(shape, dtype=dtype, device=self.device, pin_memory=self.pinned)
@@ -132,10 +133,13 @@ class TensorStorage(Storage):
         non_blocking = self._on_gpu
         if end <= self.rows and not self._may_pad and (non_blocking or not serial_kernels()):
             views = self._numpy
+            moved = self._viewed  # only memory a view was handed out of can be moved by someone else
             one_thread = bool(views) and torch.get_num_threads() == 1  # ATen would copy on this thread alone
             for name, dst in self.tensors.items():  # the common case: one slice copy a field
                 src = data[name]
                 below = views.get(name)
+                if moved and below is not None and below[2] != dst.data_ptr():  # memory moved (share_memory_)
+                    below = views[name] = _numpy_view(dst)  # type: ignore[assignment]
                 if below is not None and (one_thread or n < below[1]):
                     try:
                         below[0][start:end] = src.numpy()
@@ -164,6 +168,8 @@ class TensorStorage(Storage):
         for name, dst in self.tensors.items():
             src = data[name]
             below = views.get(name)
+            if self._viewed and below is not None and below[2] != dst.data_ptr():  # memory moved (share_memory_)
+                below = views[name] = _numpy_view(dst)  # type: ignore[assignment]
             if below is not None and src.shape[1:] == dst.shape[1:]:
                 try:  # numpy's row scatter: ~2x faster than index_copy_ (dim 1,000: 68 vs 149 us for 256 rows)
                     below[0][slots] = src.numpy()
@@ -226,6 +232,7 @@ class TensorStorage(Storage):
         """Host rows ``start .. start+n`` as views (see :attr:`hands_out_views`)."""
         if not self.hands_out_views or start < 0 or start + n > self.rows:
             return None
+        self._viewed = True
         return {name: t[start : start + n] for name, t in self.tensors.items()}
 
     def in_use(self) -> bool:
@@ -258,7 +265,7 @@ _use_count: Callable[[torch.Tensor], int] | None = (
 )
 
 
-def _numpy_views(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[np.ndarray, int]]:
+def _numpy_views(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[np.ndarray, int, int]]:
     """Per host field: a numpy view of it, and the rows below which a write goes through that view.
 
     A slice copy through torch costs ~1.7 us a call before it moves a byte (indexing, dispatch);
@@ -269,13 +276,26 @@ def _numpy_views(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[np.ndar
     """
     out = {}
     for name, t in tensors.items():
-        try:
-            view = t.numpy()
-        except (RuntimeError, TypeError):
-            continue
-        row = max(1, t[0].numel()) if t.dim() > 1 else 1
-        out[name] = (view, -(-SERIAL_ELEMENTS // row))
+        below = _numpy_view(t)
+        if below is not None:
+            out[name] = below
     return out
+
+
+def _numpy_view(t: torch.Tensor) -> tuple[np.ndarray, int, int] | None:
+    """``(view, rows below which a write takes it, the address it was made at)``; None for dtypes numpy lacks.
+
+    A storage that handed out views checks the address before each use: ``share_memory_()`` on any
+    view of a field (an on-policy mini-batch handed out as a view, put on a ``torch.multiprocessing``
+    queue) moves the field's memory to shared memory and frees the old block, which a numpy view made
+    earlier would still write into. A replay ring hands out no views, so its pushes skip the check.
+    """
+    try:
+        view = t.numpy()
+    except (RuntimeError, TypeError):
+        return None
+    row = max(1, t[0].numel()) if t.dim() > 1 else 1
+    return view, -(-SERIAL_ELEMENTS // row), t.data_ptr()
 
 
 def _pad_to(src: torch.Tensor, shape: torch.Size) -> torch.Tensor:

@@ -77,7 +77,8 @@ class LoopConfig:
     schedule: Schedule
     copy_hop: bool = False
     auto_placement: bool = False
-    fresh_batches: bool = False  # a fresh batch per sample, as RLlib's and Reverb's buffers hand out
+    # a fresh batch per sample, every on-policy mini-batch gathered: as RLlib's and Reverb's buffers hand them out
+    fresh_batches: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from conduit.scheduling.model import Costs, gamma, optimize, predict, rank
-from conduit.scheduling.profiler import fit_sync, probe_schedules, settle
+from conduit.scheduling.model import Costs, gamma, optimize, predict, preference, rank, staleness
+from conduit.scheduling.profiler import INLINE, fit_sync, probe_schedules, settle, shortlist
 from conduit.scheduling.space import Mode, Policy, Schedule, feasible_schedules, is_feasible_mode
 
 ms = st.floats(min_value=0.0, max_value=50e-3, allow_nan=False)
@@ -201,28 +201,65 @@ def test_a_probed_granularity_overrides_the_line() -> None:
     assert costs.sync_del(Fraction(3)) == pytest.approx(1e-3)  # the line elsewhere
 
 
-def test_settle_keeps_the_models_minimum_within_the_noise_margin() -> None:
+def test_staleness_counts_what_waits_and_what_is_in_flight_per_path() -> None:
+    def s(oi: bool, gi: Fraction | int, od: bool, gd: Fraction | int) -> Schedule:
+        return Schedule(Mode(oi, gi), Mode(od, gd))
+
+    assert staleness(s(False, 1, False, 1)) == 0  # inline g=1: what the learner would get without Conduit
+    assert staleness(s(True, 1, True, 1)) == 2  # a unit in flight, a batch staged ahead
+    assert staleness(s(False, 3, True, 2)) == 2 + 2  # two units wait for the third; two batches staged
+    assert staleness(s(True, Fraction(1, 4), True, Fraction(1, 4))) == 0  # on-policy never mixes iterations
+    assert staleness(s(False, 1, True, Fraction(1, 4))) == 0
+    # ties go to the least stale, then to fewer workers, then to finer granularities
+    assert preference(s(True, 1, True, 1)) < preference(s(False, 2, True, 2))  # fewer workers, but staler
+    assert preference(s(False, 1, True, 1)) < preference(s(True, 1, True, 1))
+    assert preference(s(False, 1, True, Fraction(1, 4))) < preference(s(True, Fraction(1, 4), True, Fraction(1, 4)))
+
+
+def test_settle_takes_the_least_stale_of_the_schedules_within_the_noise_margin() -> None:
     t = {Fraction(g): 1e-3 for g in (1, 2)}
     costs = Costs(Policy.OFF_POLICY, 2e-3, 8e-3, t, t)
     ranked = rank(costs, feasible_schedules(Policy.OFF_POLICY, 1, 2, 2))
-    own, other, third = (p.schedule for p in ranked[:3])
+    fresh = Schedule(Mode(True, 1), Mode(True, 1))
+    coarse = Schedule(Mode(True, 2), Mode(True, 2))
     assert settle(ranked, {}) == ranked[0]  # nothing measured: the model decides
-    assert settle(ranked, {own: 10.2, other: 10.0}).schedule == own  # 2% apart: noise, the model breaks the tie
-    assert settle(ranked, {own: 11.0, other: 10.0}).schedule == other  # 10% apart: measurement wins
-    assert settle(ranked, {other: 10.0, third: 9.0}).schedule == third  # the model's own not measured
-    assert settle(ranked, {own: 10.2, other: 10.0}, margin=0.0).schedule == other
+    assert settle(ranked, {coarse: 10.0, fresh: 10.2}).schedule == fresh  # 2% apart: noise; the fresher plan
+    assert settle(ranked, {coarse: 10.0, fresh: 11.0}).schedule == coarse  # 10% apart: measurement wins
+    assert settle(ranked, {coarse: 10.0, fresh: 10.2}, margin=0.0).schedule == coarse
+    # among equally stale ties, the model's order
+    a, b = Schedule(Mode(True, 2), Mode(True, 1)), Schedule(Mode(True, 1), Mode(True, 2))
+    first = next(p.schedule for p in ranked if p.schedule in (a, b))
+    assert settle(ranked, {a: 10.0, b: 10.0}).schedule == first
+    # a tie never takes a schedule measured outside the margin, however fresh
+    assert settle(ranked, {coarse: 10.0, fresh: 10.5, INLINE: 10.4}).schedule == coarse
 
 
 def test_settle_keeps_the_inline_baseline_unless_a_plan_beats_it_by_more_than_the_margin() -> None:
-    from conduit.scheduling.profiler import INLINE
-
     t = {Fraction(g): 1e-3 for g in (1, 2)}
     ranked = rank(Costs(Policy.OFF_POLICY, 2e-3, 8e-3, t, t), feasible_schedules(Policy.OFF_POLICY, 1, 2, 2))
     own = ranked[0].schedule
     assert own != INLINE  # the model prefers something else here
-    assert settle(ranked, {own: 10.0, INLINE: 10.2}, baseline=INLINE).schedule == INLINE  # 2%: buys nothing measurable
-    assert settle(ranked, {own: 10.0, INLINE: 11.0}, baseline=INLINE).schedule == own  # 10%: the plan
-    assert settle(ranked, {own: 10.0, INLINE: 10.2}).schedule == own  # no baseline given: as before
+    assert settle(ranked, {own: 10.0, INLINE: 10.2}).schedule == INLINE  # 2%: buys nothing measurable
+    assert settle(ranked, {own: 10.0, INLINE: 11.0}).schedule == own  # 10%: the plan
+
+
+def test_the_shortlist_holds_each_overlap_familys_best_and_freshest() -> None:
+    t = {Fraction(g): 1e-3 for g in (1, 2, 3)}
+    # overlap costs that fall with g: the model ranks coarse overlapped schedules first
+    costs = Costs(Policy.OFF_POLICY, 2e-3, 8e-3, t, t, s_ing={Fraction(1): 3e-3}, s_del={Fraction(1): 3e-3})
+    ranked = rank(costs, feasible_schedules(Policy.OFF_POLICY, 1, 3, 3))
+    top = shortlist(ranked, 3)
+    assert top[:3] == [p.schedule for p in ranked[:3]]
+    assert len(top) == len(set(top))
+    for oi in (False, True):
+        for od in (False, True):
+            family = [p.schedule for p in ranked if (p.schedule.ingestion.overlap, p.schedule.delivery.overlap) == (oi, od)]
+            assert family[0] in top  # the model's best of the family
+            assert Schedule(Mode(oi, 1), Mode(od, 1)) in top  # and its freshest, g = 1 on both paths
+    assert Schedule(Mode(True, 1), Mode(True, 1)) not in [p.schedule for p in ranked[:3]]  # the case that matters
+    assert INLINE in top  # the inline family's freshest is inline g=1 itself
+    assert shortlist(ranked, 3, families=False) == [p.schedule for p in ranked[:3]]
+    assert shortlist(ranked, 0) == []
 
 
 def test_a_schedule_that_would_overrule_the_model_meets_its_minimum_again_in_fresh_rounds(monkeypatch) -> None:

@@ -45,7 +45,7 @@ from fractions import Fraction
 
 from conduit.scheduling.space import Mode, Policy, Schedule
 
-__all__ = ["Costs", "Prediction", "gamma", "optimize", "predict", "rank"]
+__all__ = ["Costs", "Prediction", "gamma", "optimize", "predict", "preference", "rank", "staleness"]
 
 
 def gamma(g: Fraction) -> float:
@@ -164,8 +164,8 @@ def predict(costs: Costs, schedule: Schedule) -> Prediction:
 
 
 def rank(costs: Costs, schedules: Iterable[Schedule]) -> list[Prediction]:
-    """Predictions for every schedule, best first (ties broken by the simpler schedule)."""
-    return sorted((predict(costs, s) for s in schedules), key=lambda p: (p.t_iter, _complexity(p.schedule)))
+    """Predictions for every schedule, best first (ties broken by :func:`preference`)."""
+    return sorted((predict(costs, s) for s in schedules), key=lambda p: (p.t_iter, preference(p.schedule)))
 
 
 def optimize(costs: Costs, schedules: Iterable[Schedule]) -> Prediction:
@@ -176,6 +176,21 @@ def optimize(costs: Costs, schedules: Iterable[Schedule]) -> Prediction:
     return ranked[0]
 
 
-def _complexity(s: Schedule) -> tuple[int, Fraction, Fraction]:
-    """Prefer fewer overlapped paths and smaller granularities (less staleness) on ties."""
-    return (int(s.ingestion.overlap) + int(s.delivery.overlap), s.delivery.granularity, s.ingestion.granularity)
+def staleness(s: Schedule) -> Fraction:
+    """How many iterations older than under inline ``g = 1`` the data a learner trains on can be (pure).
+
+    Per path with whole units or batches (``g >= 1``): ``g - 1`` wait for the
+    rest of their group, and overlap adds one in flight (a unit not yet landed
+    when the next pull draws; a batch staged before the push it could have
+    seen). A fraction of an iteration (on-policy, ``g < 1``) adds none: no
+    on-policy schedule mixes iterations (DESIGN.md §2).
+    """
+    return sum(
+        (m.granularity - 1 + int(m.overlap) for m in (s.ingestion, s.delivery) if m.granularity >= 1), Fraction(0)
+    )
+
+
+def preference(s: Schedule) -> tuple[Fraction, int, Fraction, Fraction]:
+    """The order among schedules that tie: less staleness, then fewer worker threads, then finer granularities."""
+    i, d = s.ingestion, s.delivery
+    return (staleness(s), int(i.overlap) + int(d.overlap), d.granularity, i.granularity)

@@ -15,13 +15,14 @@
   probe's excess divided by the invocations it ran per iteration.
 - **Verification**: the model ranks every feasible schedule, but on a loaded
   machine schedules within a few percent of each other are inside the noise of
-  any one estimate. :func:`verify` runs the model's few best on the real loop,
-  interleaved, and the plan is the fastest measured of them: the model prunes
-  dozens of candidates to a handful, measurement settles the rest. The inline
-  schedule is measured with them, and a plan must beat it by more than the
-  noise margin; a plan that overrules the model's minimum or inline meets them
-  again in fresh rounds first (:func:`rematch`): the luckiest of a few noisy
-  runs is not a plan.
+  any one estimate. :func:`verify` runs the model's few best, and each overlap
+  family's best and freshest, on the real loop, interleaved; the plan is the
+  least stale of those measured within the noise margin of the fastest: the
+  model prunes dozens of candidates to a handful, measurement settles the
+  rest, staleness breaks its ties. The inline schedule is measured with them,
+  so a plan must beat it by more than the margin; a plan that overrules the
+  model's minimum or inline meets them again in fresh rounds first
+  (:func:`rematch`): the luckiest of a few noisy runs is not a plan.
 
 Everything is bounded: a handful of invocations per granularity and a few dozen
 loop iterations per calibration run.
@@ -41,7 +42,7 @@ import torch
 from conduit.config import ConduitConfig
 from conduit.hooks import HookRegistry
 from conduit.runtime import Conduit
-from conduit.scheduling.model import Costs, Prediction, predict, rank
+from conduit.scheduling.model import Costs, Prediction, predict, preference, rank
 from conduit.scheduling.space import Mode, Policy, Schedule, delivery_space, feasible_schedules, ingestion_space
 from conduit.storage.policy import StoragePolicy
 from conduit.synthetic import SyntheticWorkload, run_loop, standalone_costs
@@ -79,7 +80,7 @@ class ProfileSettings:
     verify_top: int = 3  # the model's best this many are measured on the loop (0: trust the model)
     verify_rounds: int = 2
     probe_every_granularity: bool = True  # calibrate overlap at every granularity, not only the finest and coarsest
-    verify_margin: float = 0.03  # the model's minimum stays the plan unless a verified schedule beats it by more
+    verify_margin: float = 0.03  # measured times this close to the fastest are ties, settled by staleness
     scratch_bytes: int = 256 << 20  # scratch replay buffers hold at most this much
 
     @classmethod
@@ -103,10 +104,8 @@ class ProfileResult:
     ranked: list[Prediction] = field(default_factory=list)
     #: measured median T_iter of the model's shortlist (empty when verification is off)
     verified: dict[Schedule, float] = field(default_factory=dict)
-    #: the model's minimum stays the plan unless a verified schedule beats it by more (see :func:`settle`)
+    #: measured times this close to the fastest are ties, settled by staleness (see :func:`settle`)
     margin: float = 0.03
-    #: the inline schedule, verified with the shortlist: a plan must beat it by more than ``margin``
-    baseline: Schedule | None = None
 
     @property
     def model_choice(self) -> Prediction:
@@ -116,7 +115,7 @@ class ProfileResult:
     @property
     def choice(self) -> Prediction:
         """The plan: :func:`settle` over the verified shortlist, else the model's minimum."""
-        return settle(self.ranked, self.verified, self.margin, self.baseline)
+        return settle(self.ranked, self.verified, self.margin)
 
 
 def _scratch_config(
@@ -376,43 +375,32 @@ def profile_workload(
     top = shortlist(ranked, settings.verify_top)
     baseline = INLINE if settings.verify_top > 0 else None
     if baseline is not None and baseline not in top:
-        top.append(baseline)  # the plan must beat what the user runs without one (settle)
+        top.append(baseline)  # a plan must beat what the user runs without one (settle)
     verified = verify(workload, top, settings=settings, progress=progress, pool=pool) if len(top) > 1 else {}
     verified = rematch(workload, ranked, verified, settings=settings, progress=progress, pool=pool, baseline=baseline)
-    return ProfileResult(
-        costs, calib, time.perf_counter() - t0, ranked, verified, settings.verify_margin, baseline
-    )
+    return ProfileResult(costs, calib, time.perf_counter() - t0, ranked, verified, settings.verify_margin)
 
 
-def settle(
-    ranked: Sequence[Prediction],
-    verified: Mapping[Schedule, float],
-    margin: float = 0.03,
-    baseline: Schedule | None = None,
-) -> Prediction:
+def settle(ranked: Sequence[Prediction], verified: Mapping[Schedule, float], margin: float = 0.03) -> Prediction:
     """The plan from the model's ranking and the shortlist's measurements (pure; ``ranked`` best first).
 
-    The fastest measured schedule, unless the model's own minimum was measured
-    too and is within ``margin`` of it: a difference that small is inside the
-    noise of a few short runs on a shared machine, and the model — built from
-    many more measurements — breaks the tie. (In a validation run at dims 5,000
-    and 10,000 the model's minimum was the sweep's best, and a 2% lead in
-    verification noise replaced it with a schedule 17-32% slower.)
-
-    With a measured ``baseline`` (the inline schedule: what the user runs
-    without a plan), a plan must also beat it by more than ``margin``, or the
-    baseline stays: a schedule that buys nothing measurable still costs
-    staleness (g > 1) or a worker.
+    Of the schedules measured within ``margin`` of the fastest measured — a
+    difference that small is inside the noise of a few short runs on a shared
+    machine — the plan is the one :func:`~conduit.scheduling.model.preference`
+    puts first: the least stale, then the one with fewer workers, then the
+    finer; the model's order among equals. A schedule that buys nothing
+    measurable still costs staleness or a worker, so the inline schedule, when
+    measured, stays unless a plan beats it by more than ``margin``. (The rule
+    before this one kept the model's own minimum on ties; the model, blind to
+    overlap costs that vary with ``g`` below its probes' noise, then kept
+    coarse schedules measured 4-11% slower than overlap at ``g = 1`` in the
+    synthetic benchmark.)
     """
     if not verified:
         return ranked[0]
-    best = min(verified, key=lambda s: verified[s])
-    own = ranked[0].schedule
-    plan = own if own in verified and verified[own] <= verified[best] * (1 + margin) else best
-    if baseline is not None and baseline in verified and plan != baseline:
-        if verified[baseline] <= verified[plan] * (1 + margin):
-            plan = baseline
-    return next(p for p in ranked if p.schedule == plan)
+    fastest = min(verified.values())
+    tied = [p for p in ranked if p.schedule in verified and verified[p.schedule] <= fastest * (1 + margin)]
+    return min(tied, key=lambda p: preference(p.schedule))  # min keeps the first of equals: the model's order
 
 
 def rematch(
@@ -442,7 +430,7 @@ def rematch(
     own = ranked[0].schedule
     rematched: set[Schedule] = set()
     while True:
-        plan = settle(ranked, out, settings.verify_margin, baseline).schedule
+        plan = settle(ranked, out, settings.verify_margin).schedule
         if plan in (own, baseline) or plan in rematched:
             return out
         rematched.add(plan)
@@ -459,23 +447,27 @@ def rematch(
 def shortlist(ranked: Sequence[Prediction], top: int, families: bool = True) -> list[Schedule]:
     """The schedules to measure on the loop (pure; ``ranked`` best first).
 
-    The model's ``top`` best, then — with ``families`` — the model's best of each
-    overlap family (ingestion × delivery, inline or overlapped) not yet among
-    them. The top of a ranking tends to be one family at neighbouring
-    granularities, and where the model errs it errs about a whole family (the
-    cost of overlapping a path on this machine), so one verified representative
-    per family is what protects the plan from the model's largest mistakes.
+    The model's ``top`` best, then — with ``families`` — for each overlap
+    family (ingestion × delivery, inline or overlapped) the model's best of it
+    and the one :func:`~conduit.scheduling.model.preference` puts first (the
+    least stale: ``g = 1`` off-policy), those not yet among them. The top of a
+    ranking tends to be one family at neighbouring granularities, and where
+    the model errs it errs about a whole family (the cost of overlapping a path
+    on this machine) or about how that cost moves with ``g`` (probes whose
+    differences are within their noise): one verified representative per
+    family, and its freshest member, protect the plan from both.
     """
     if top <= 0:
         return []
     out = [p.schedule for p in ranked[:top]]
     if families:
-        seen = {(s.ingestion.overlap, s.delivery.overlap) for s in out}
-        for p in ranked[top:]:
-            family = (p.schedule.ingestion.overlap, p.schedule.delivery.overlap)
-            if family not in seen:
-                seen.add(family)
-                out.append(p.schedule)
+        members: dict[tuple[bool, bool], list[Schedule]] = {}
+        for p in ranked:
+            members.setdefault((p.schedule.ingestion.overlap, p.schedule.delivery.overlap), []).append(p.schedule)
+        for family in members.values():
+            for s in (family[0], min(family, key=preference)):
+                if s not in out:
+                    out.append(s)
     return out
 
 

@@ -286,3 +286,38 @@ def test_a_schedule_that_would_overrule_the_model_meets_its_minimum_again_in_fre
     assert matches == [[own, other], [own, third]]
     assert out == {own: 10.0, other: 10.6, third: 10.4}
     assert settle(ranked, out).schedule == own
+
+
+def test_even_the_models_minimum_meets_the_inline_baseline_again_before_it_is_kept(monkeypatch) -> None:
+    from conduit.scheduling import profiler
+    from conduit.synthetic import SyntheticWorkload
+
+    t = {Fraction(g): 1e-3 for g in (1, 2)}
+    ranked = rank(Costs(Policy.OFF_POLICY, 2e-3, 8e-3, t, t), feasible_schedules(Policy.OFF_POLICY, 1, 2, 2))
+    own = ranked[0].schedule
+    assert own != INLINE
+    matches: list[list[Schedule]] = []
+
+    def rounds(fresh):
+        def run(workload, schedules, *args, **kwargs):
+            matches.append(list(schedules))
+            return {s: fresh[s] for s in schedules}
+
+        return run
+
+    w, pool = SyntheticWorkload(dim=8), []
+    # two lucky rounds put the model's minimum 8% ahead of inline; fresh rounds find them level: inline stays
+    monkeypatch.setattr(profiler, "interleaved_medians", rounds({own: 10.0, INLINE: 10.1}))
+    out = profiler.rematch(w, ranked, {own: 10.0, INLINE: 10.8}, pool=pool, baseline=INLINE)
+    assert matches == [[INLINE, own]]
+    assert settle(ranked, out).schedule == INLINE
+    # a real lead survives the fresh rounds, and is measured once
+    matches.clear()
+    monkeypatch.setattr(profiler, "interleaved_medians", rounds({own: 10.0, INLINE: 11.0}))
+    out = profiler.rematch(w, ranked, {own: 10.0, INLINE: 10.8}, pool=pool, baseline=INLINE)
+    assert matches == [[INLINE, own]]
+    assert settle(ranked, out).schedule == own
+    # inline as the plan: nothing to rematch
+    matches.clear()
+    assert profiler.rematch(w, ranked, {own: 10.0, INLINE: 10.1}, pool=pool, baseline=INLINE) == {own: 10.0, INLINE: 10.1}
+    assert matches == []

@@ -388,7 +388,7 @@ def settle(ranked: Sequence[Prediction], verified: Mapping[Schedule, float], mar
     difference that small is inside the noise of a few short runs on a shared
     machine — the plan is the one :func:`~conduit.scheduling.model.preference`
     puts first: the least stale, then the one with fewer workers, then the
-    finer; the model's order among equals. A schedule that buys nothing
+    finer delivery, then the finer ingestion. A schedule that buys nothing
     measurable still costs staleness or a worker, so the inline schedule, when
     measured, stays unless a plan beats it by more than ``margin``. (The rule
     before this one kept the model's own minimum on ties; the model, blind to
@@ -400,7 +400,7 @@ def settle(ranked: Sequence[Prediction], verified: Mapping[Schedule, float], mar
         return ranked[0]
     fastest = min(verified.values())
     tied = [p for p in ranked if p.schedule in verified and verified[p.schedule] <= fastest * (1 + margin)]
-    return min(tied, key=lambda p: preference(p.schedule))  # min keeps the first of equals: the model's order
+    return min(tied, key=lambda p: preference(p.schedule))
 
 
 def rematch(

@@ -58,7 +58,7 @@ def test_planner_profiles_probes_and_settles_on_a_feasible_minimum():
         assert set(planner.verified) == set(shortlist(ranked, 3))  # the model's shortlist, each measured live
         families = {(s.ingestion.overlap, s.delivery.overlap) for s in planner.verified}
         assert len(families) == 4  # off-policy: every overlap family has a verified representative
-        assert event.prediction == settle(ranked, planner.verified)  # the least stale within 3% of the fastest
+        assert event.prediction == settle(ranked, planner.verified)  # the finest within 3% of the fastest, then inline
         edp.flush()
         assert sorted(edp.buffer.contents()["tid"].tolist()) == list(range(pushed))
 

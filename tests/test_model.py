@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from conduit.scheduling.model import Costs, gamma, optimize, predict, preference, rank, staleness
+from conduit.scheduling.model import Costs, coarseness, gamma, optimize, predict, rank
 from conduit.scheduling.profiler import INLINE, fit_sync, probe_schedules, settle, shortlist
 from conduit.scheduling.space import Mode, Policy, Schedule, feasible_schedules, is_feasible_mode
 
@@ -201,37 +201,34 @@ def test_a_probed_granularity_overrides_the_line() -> None:
     assert costs.sync_del(Fraction(3)) == pytest.approx(1e-3)  # the line elsewhere
 
 
-def test_staleness_counts_what_waits_and_what_is_in_flight_per_path() -> None:
+def test_coarseness_counts_what_a_schedule_groups_per_path() -> None:
     def s(oi: bool, gi: Fraction | int, od: bool, gd: Fraction | int) -> Schedule:
         return Schedule(Mode(oi, gi), Mode(od, gd))
 
-    assert staleness(s(False, 1, False, 1)) == 0  # inline g=1: what the learner would get without Conduit
-    assert staleness(s(True, 1, True, 1)) == 2  # a unit in flight, a batch staged ahead
-    assert staleness(s(False, 3, True, 2)) == 2 + 2  # two units wait for the third; two batches staged
-    assert staleness(s(True, Fraction(1, 4), True, Fraction(1, 4))) == 0  # on-policy never mixes iterations
-    assert staleness(s(False, 1, True, Fraction(1, 4))) == 0
-    # ties go to the least stale, then to fewer workers, then to finer granularities
-    assert preference(s(True, 1, True, 1)) < preference(s(False, 2, True, 2))  # fewer workers, but staler
-    assert preference(s(False, 1, True, 1)) < preference(s(True, 1, True, 1))
-    assert preference(s(False, 1, True, Fraction(1, 4))) < preference(s(True, Fraction(1, 4), True, Fraction(1, 4)))
+    assert coarseness(s(False, 1, False, 1)) == 0
+    assert coarseness(s(True, 1, True, 1)) == 0  # overlap groups nothing
+    assert coarseness(s(False, 3, True, 2)) == 2 + 1  # two units wait for the third; one batch drawn ahead
+    assert coarseness(s(True, Fraction(1, 4), True, Fraction(1, 4))) == 0  # on-policy never mixes iterations
+    assert coarseness(s(False, 1, True, Fraction(1, 4))) == 0
 
 
-def test_settle_takes_the_least_stale_of_the_schedules_within_the_noise_margin() -> None:
+def test_settle_takes_the_finest_tie_then_inline_then_the_models_pick() -> None:
     t = {Fraction(g): 1e-3 for g in (1, 2)}
     costs = Costs(Policy.OFF_POLICY, 2e-3, 8e-3, t, t)
     ranked = rank(costs, feasible_schedules(Policy.OFF_POLICY, 1, 2, 2))
-    fresh = Schedule(Mode(True, 1), Mode(True, 1))
+    fine = Schedule(Mode(True, 1), Mode(True, 1))
     coarse = Schedule(Mode(True, 2), Mode(True, 2))
     assert settle(ranked, {}) == ranked[0]  # nothing measured: the model decides
-    assert settle(ranked, {coarse: 10.0, fresh: 10.2}).schedule == fresh  # 2% apart: noise; the fresher plan
-    assert settle(ranked, {coarse: 10.0, fresh: 11.0}).schedule == coarse  # 10% apart: measurement wins
-    assert settle(ranked, {coarse: 10.0, fresh: 10.2}, margin=0.0).schedule == coarse
-    # equally stale, as many workers: the finer delivery (fewer batches drawn ahead), whichever the model ranks first
-    a, b = Schedule(Mode(True, 2), Mode(True, 1)), Schedule(Mode(True, 1), Mode(True, 2))
-    assert settle(ranked, {a: 10.0, b: 10.0}).schedule == a
-    assert settle(list(reversed(ranked)), {a: 10.0, b: 10.0}).schedule == a
-    # a tie never takes a schedule measured outside the margin, however fresh
-    assert settle(ranked, {coarse: 10.0, fresh: 10.5, INLINE: 10.4}).schedule == coarse
+    assert settle(ranked, {coarse: 10.0, fine: 10.2}).schedule == fine  # 2% apart: noise; the finer plan
+    assert settle(ranked, {coarse: 10.0, fine: 11.0}).schedule == coarse  # 10% apart: measurement wins
+    assert settle(ranked, {coarse: 10.0, fine: 10.2}, margin=0.0).schedule == coarse
+    # equally fine ties that overlap: the model's pick, whichever way it ranks them
+    half = Schedule(Mode(False, 1), Mode(True, 1))
+    for order in (ranked, list(reversed(ranked))):
+        first = next(p.schedule for p in order if p.schedule in (fine, half))
+        assert settle(order, {fine: 10.0, half: 10.2}).schedule == first
+    # a tie never takes a schedule measured outside the margin, however fine
+    assert settle(ranked, {coarse: 10.0, fine: 10.5, INLINE: 10.4}).schedule == coarse
 
 
 def test_settle_keeps_the_inline_baseline_unless_a_plan_beats_it_by_more_than_the_margin() -> None:
@@ -243,7 +240,7 @@ def test_settle_keeps_the_inline_baseline_unless_a_plan_beats_it_by_more_than_th
     assert settle(ranked, {own: 10.0, INLINE: 11.0}).schedule == own  # 10%: the plan
 
 
-def test_the_shortlist_holds_each_overlap_familys_best_and_freshest() -> None:
+def test_the_shortlist_holds_each_overlap_familys_best_and_finest() -> None:
     t = {Fraction(g): 1e-3 for g in (1, 2, 3)}
     # overlap costs that fall with g: the model ranks coarse overlapped schedules first
     costs = Costs(Policy.OFF_POLICY, 2e-3, 8e-3, t, t, s_ing={Fraction(1): 3e-3}, s_del={Fraction(1): 3e-3})
@@ -255,9 +252,9 @@ def test_the_shortlist_holds_each_overlap_familys_best_and_freshest() -> None:
         for od in (False, True):
             family = [p.schedule for p in ranked if (p.schedule.ingestion.overlap, p.schedule.delivery.overlap) == (oi, od)]
             assert family[0] in top  # the model's best of the family
-            assert Schedule(Mode(oi, 1), Mode(od, 1)) in top  # and its freshest, g = 1 on both paths
+            assert Schedule(Mode(oi, 1), Mode(od, 1)) in top  # and its finest, g = 1 on both paths
     assert Schedule(Mode(True, 1), Mode(True, 1)) not in [p.schedule for p in ranked[:3]]  # the case that matters
-    assert INLINE in top  # the inline family's freshest is inline g=1 itself
+    assert INLINE in top  # the inline family's finest is inline g=1 itself
     assert shortlist(ranked, 3, families=False) == [p.schedule for p in ranked[:3]]
     assert shortlist(ranked, 0) == []
 

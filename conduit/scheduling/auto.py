@@ -29,11 +29,11 @@ the last mini-batch of an iteration on-policy), in the caller's thread:
    schedule (:mod:`~conduit.scheduling.steady`), never the median iteration,
    which drops the bursts of a coarse granularity.
 3. **verify** — Eq. 2 ranks every feasible schedule; the model's ``verify``
-   best and each overlap family's best and freshest (``profiler.shortlist``;
+   best and each overlap family's best and finest (``profiler.shortlist``;
    those not measured already as probes) run ``probe`` live iterations each,
-   and the plan is the least stale of those measured within 3% of the fastest
-   (``profiler.settle``): the model prunes dozens of candidates, measurement
-   settles the few within its error, staleness breaks its ties.
+   and the plan is the finest of those measured within 3% of the fastest, then
+   inline, then the model's pick (``profiler.settle``): the model prunes dozens
+   of candidates, measurement settles the few within its error.
 4. **run** — the runtime is rescheduled to the plan. The planner re-plans when the buffer migrated (the per-sample
    size changed) or the measured iteration time drifts from the prediction by
    more than ``drift`` over a whole window.

@@ -45,7 +45,7 @@ from fractions import Fraction
 
 from conduit.scheduling.space import Mode, Policy, Schedule
 
-__all__ = ["Costs", "Prediction", "gamma", "optimize", "predict", "preference", "rank", "staleness"]
+__all__ = ["Costs", "Prediction", "coarseness", "gamma", "optimize", "predict", "rank"]
 
 
 def gamma(g: Fraction) -> float:
@@ -164,8 +164,8 @@ def predict(costs: Costs, schedule: Schedule) -> Prediction:
 
 
 def rank(costs: Costs, schedules: Iterable[Schedule]) -> list[Prediction]:
-    """Predictions for every schedule, best first (ties broken by :func:`preference`)."""
-    return sorted((predict(costs, s) for s in schedules), key=lambda p: (p.t_iter, preference(p.schedule)))
+    """Predictions for every schedule, best first (equal predictions: the finer, the simpler schedule first)."""
+    return sorted((predict(costs, s) for s in schedules), key=lambda p: (p.t_iter, _tie_order(p.schedule)))
 
 
 def optimize(costs: Costs, schedules: Iterable[Schedule]) -> Prediction:
@@ -176,21 +176,18 @@ def optimize(costs: Costs, schedules: Iterable[Schedule]) -> Prediction:
     return ranked[0]
 
 
-def staleness(s: Schedule) -> Fraction:
-    """How many iterations older than under inline ``g = 1`` the data a learner trains on can be (pure).
+def coarseness(s: Schedule) -> Fraction:
+    """Units and batches a schedule groups beyond one per path (pure): ``g - 1`` summed over paths of whole ones.
 
-    Per path with whole units or batches (``g >= 1``): ``g - 1`` wait for the
-    rest of their group, and overlap adds one in flight (a unit not yet landed
-    when the next pull draws; a batch staged before the push it could have
-    seen). A fraction of an iteration (on-policy, ``g < 1``) adds none: no
-    on-policy schedule mixes iterations (DESIGN.md §2).
+    A grouped unit waits for the rest of its group before it lands; a grouped
+    batch is drawn before the pulls it serves: data up to that many iterations
+    older than at ``g = 1``. A fraction of an on-policy iteration (``g < 1``)
+    groups nothing across iterations (DESIGN.md §2).
     """
-    return sum(
-        (m.granularity - 1 + int(m.overlap) for m in (s.ingestion, s.delivery) if m.granularity >= 1), Fraction(0)
-    )
+    return sum((m.granularity - 1 for m in (s.ingestion, s.delivery) if m.granularity >= 1), Fraction(0))
 
 
-def preference(s: Schedule) -> tuple[Fraction, int, Fraction, Fraction]:
-    """The order among schedules that tie: less staleness, then fewer worker threads, then finer granularities."""
+def _tie_order(s: Schedule) -> tuple[Fraction, int, Fraction, Fraction]:
+    """Equal predictions: the finer, then fewer overlapped paths, then the finer delivery, then ingestion."""
     i, d = s.ingestion, s.delivery
-    return (staleness(s), int(i.overlap) + int(d.overlap), d.granularity, i.granularity)
+    return (coarseness(s), int(i.overlap) + int(d.overlap), d.granularity, i.granularity)

@@ -16,10 +16,10 @@
 - **Verification**: the model ranks every feasible schedule, but on a loaded
   machine schedules within a few percent of each other are inside the noise of
   any one estimate. :func:`verify` runs the model's few best, and each overlap
-  family's best and freshest, on the real loop, interleaved; the plan is the
-  least stale of those measured within the noise margin of the fastest: the
-  model prunes dozens of candidates to a handful, measurement settles the
-  rest, staleness breaks its ties. The inline schedule is measured with them,
+  family's best and finest, on the real loop, interleaved; the plan is the
+  finest of those measured within the noise margin of the fastest, then the
+  model's pick among them: the model prunes dozens of candidates to a handful,
+  measurement settles the rest. The inline schedule is measured with them,
   so a plan must beat it by more than the margin, and any plan but inline
   meets it (and the model's minimum) again in fresh rounds first
   (:func:`rematch`): the luckiest of a few noisy runs is not a plan.
@@ -42,7 +42,7 @@ import torch
 from conduit.config import ConduitConfig
 from conduit.hooks import HookRegistry
 from conduit.runtime import Conduit
-from conduit.scheduling.model import Costs, Prediction, predict, preference, rank
+from conduit.scheduling.model import Costs, Prediction, coarseness, predict, rank
 from conduit.scheduling.space import Mode, Policy, Schedule, delivery_space, feasible_schedules, ingestion_space
 from conduit.storage.policy import StoragePolicy
 from conduit.synthetic import SyntheticWorkload, run_loop, standalone_costs
@@ -80,7 +80,7 @@ class ProfileSettings:
     verify_top: int = 3  # the model's best this many are measured on the loop (0: trust the model)
     verify_rounds: int = 2
     probe_every_granularity: bool = True  # calibrate overlap at every granularity, not only the finest and coarsest
-    verify_margin: float = 0.03  # measured times this close to the fastest are ties, settled by staleness
+    verify_margin: float = 0.03  # measured times this close to the fastest are ties (see settle)
     scratch_bytes: int = 256 << 20  # scratch replay buffers hold at most this much
 
     @classmethod
@@ -104,7 +104,7 @@ class ProfileResult:
     ranked: list[Prediction] = field(default_factory=list)
     #: measured median T_iter of the model's shortlist (empty when verification is off)
     verified: dict[Schedule, float] = field(default_factory=dict)
-    #: measured times this close to the fastest are ties, settled by staleness (see :func:`settle`)
+    #: measured times this close to the fastest are ties (see :func:`settle`)
     margin: float = 0.03
 
     @property
@@ -384,23 +384,27 @@ def profile_workload(
 def settle(ranked: Sequence[Prediction], verified: Mapping[Schedule, float], margin: float = 0.03) -> Prediction:
     """The plan from the model's ranking and the shortlist's measurements (pure; ``ranked`` best first).
 
-    Of the schedules measured within ``margin`` of the fastest measured — a
+    Schedules measured within ``margin`` of the fastest measured are ties — a
     difference that small is inside the noise of a few short runs on a shared
-    machine — the plan is the one :func:`~conduit.scheduling.model.preference`
-    puts first: the least stale, then the one with fewer workers, then the
-    finer delivery, then the finer ingestion. A schedule that buys nothing
-    measurable still costs staleness or a worker, so the inline schedule, when
-    measured, stays unless a plan beats it by more than ``margin``. (The rule
-    before this one kept the model's own minimum on ties; the model, blind to
-    overlap costs that vary with ``g`` below its probes' noise, then kept
-    coarse schedules measured 4-11% slower than overlap at ``g = 1`` in the
-    synthetic benchmark.)
+    machine. Of those the plan is the finest (:func:`~conduit.scheduling.model.coarseness`:
+    least grouping, so least staleness), then an all-inline schedule (a
+    schedule that buys nothing measurable still costs a worker: the inline
+    schedule, when measured, stays unless a plan beats it by more than
+    ``margin``), then the model's order, which knows what overlapping each path
+    costs. (The rule before kept the model's own minimum on any tie; the model,
+    blind to overlap costs that vary with ``g`` below its probes' noise, then
+    kept coarse schedules measured 4-11% slower than overlap at ``g = 1`` in the
+    synthetic benchmark. A rule that preferred fewer workers before the model's
+    order exposed the ingestion the overlapped schedule would have hidden.)
     """
     if not verified:
         return ranked[0]
     fastest = min(verified.values())
     tied = [p for p in ranked if p.schedule in verified and verified[p.schedule] <= fastest * (1 + margin)]
-    return min(tied, key=lambda p: preference(p.schedule))
+    def order(p: Prediction) -> tuple[Fraction, bool]:
+        return coarseness(p.schedule), p.schedule.ingestion.overlap or p.schedule.delivery.overlap
+
+    return min(tied, key=order)  # min keeps the first of equals: the model's order
 
 
 def rematch(
@@ -453,13 +457,13 @@ def shortlist(ranked: Sequence[Prediction], top: int, families: bool = True) -> 
 
     The model's ``top`` best, then — with ``families`` — for each overlap
     family (ingestion × delivery, inline or overlapped) the model's best of it
-    and the one :func:`~conduit.scheduling.model.preference` puts first (the
-    least stale: ``g = 1`` off-policy), those not yet among them. The top of a
+    and its best of the finest (:func:`~conduit.scheduling.model.coarseness`;
+    ``g = 1`` off-policy), those not yet among them. The top of a
     ranking tends to be one family at neighbouring granularities, and where
     the model errs it errs about a whole family (the cost of overlapping a path
     on this machine) or about how that cost moves with ``g`` (probes whose
     differences are within their noise): one verified representative per
-    family, and its freshest member, protect the plan from both.
+    family, and its finest member, protect the plan from both.
     """
     if top <= 0:
         return []
@@ -469,7 +473,7 @@ def shortlist(ranked: Sequence[Prediction], top: int, families: bool = True) -> 
         for p in ranked:
             members.setdefault((p.schedule.ingestion.overlap, p.schedule.delivery.overlap), []).append(p.schedule)
         for family in members.values():
-            for s in (family[0], min(family, key=preference)):
+            for s in (family[0], min(family, key=coarseness)):  # min keeps the model's order among equals
                 if s not in out:
                     out.append(s)
     return out

@@ -401,6 +401,7 @@ def settle(ranked: Sequence[Prediction], verified: Mapping[Schedule, float], mar
         return ranked[0]
     fastest = min(verified.values())
     tied = [p for p in ranked if p.schedule in verified and verified[p.schedule] <= fastest * (1 + margin)]
+
     def order(p: Prediction) -> tuple[Fraction, bool]:
         return coarseness(p.schedule), p.schedule.ingestion.overlap or p.schedule.delivery.overlap
 

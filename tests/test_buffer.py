@@ -138,7 +138,11 @@ def test_iteration_buffer_never_mixes_iterations():
 
 @pytest.mark.parametrize("presort", [True, False])
 def test_iteration_buffer_grows_for_a_unit_larger_than_its_slack(presort):
-    buf = IterationBuffer(4, FixedStorage(), num_minibatches=1, num_epochs=1, num_learners=1, presort=presort)
+    # seeded: one shuffle of four rows in 24 is the identity, which lays nothing out (unseeded, this test failed
+    # in ~4% of runs); seed 0 scatters the first three rows
+    buf = IterationBuffer(
+        4, FixedStorage(), num_minibatches=1, num_epochs=1, num_learners=1, presort=presort, seed=0
+    )
     buf.write(0, [transitions(3), transitions(3, start=3)])
     it = buf.iterations[0]
     # laid out (presort), the first 4 rows were scattered over the store before it grew: every row survives

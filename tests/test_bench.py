@@ -238,6 +238,21 @@ def test_loop_targets_need_a_70_percent_cut_off_policy_and_report_on_policy() ->
     assert "unavailable" in text and "needs CUDA" in text
 
 
+def test_a_burn_that_strayed_from_its_target_is_noted_under_its_table() -> None:
+    on_target = _workload_result(Policy.OFF_POLICY, 1000, 0.004, 0.001)
+    slow_host = _workload_result(Policy.OFF_POLICY, 5000, 0.004, 0.001)
+    slow_host.t_rollout = 0.0026  # the 2 ms rollout burn measured 2.6 ms alone
+    sleeping = _workload_result(Policy.OFF_POLICY, 1000, 0.004, 0.001)
+    sleeping.workload = sleeping.workload.with_(cost=CostKind.SLEEP)
+    sleeping.t_rollout = 0.003  # a sleep is no calibrated burn: never noted
+    tables = loop_tables(SyntheticResult(SyntheticSettings(), {}, [on_target, slow_host, sleeping]))
+    compute, sleep = tables[0], tables[1]
+    strayed = [n for n in compute.notes if "strayed" in n]
+    assert len(strayed) == 1 and "dim 5,000, batch 512: 2.60 ms for 2.00" in strayed[0]
+    assert "dim 1,000" not in strayed[0]
+    assert not any("strayed" in n for n in sleep.notes)
+
+
 # -- CLI ----------------------------------------------------------------------------
 MICRO_ARGS = [
     "bench",

@@ -73,6 +73,36 @@ def _spread_note(ws: list[WorkloadResult]) -> list[str]:
     ]
 
 
+#: how far the rollout measured alone may stray from its target before a table says so
+DRIFT = 0.15
+
+
+def _drift_note(ws: list[WorkloadResult]) -> list[str]:
+    """Where the compute burn measured alone strayed from its target: the machine's speed moved during the run.
+
+    The burn is calibrated once per process, so a host that has since slowed down or
+    sped up (measured here: 0.21 against 0.33 ms per matmul, switching within seconds)
+    gives an update of other than the workload's cost. The rollout is the clean
+    probe: the update's figure also holds reading the batch.
+    """
+    strays = []
+    for w in ws:
+        wl = w.workload
+        if wl.cost is not CostKind.COMPUTE or wl.rollout_ms <= 0:
+            continue
+        units = 1 if wl.policy is Policy.OFF_POLICY else wl.units_per_iteration
+        target = wl.rollout_ms * units / 1e3
+        if abs(w.t_rollout / target - 1) > DRIFT:
+            strays.append(f"{_scope(w)}: {_ms(w.t_rollout)} ms for {_ms(target)}")
+    if not strays:
+        return []
+    return [
+        "the rollout's burn measured alone strayed from its target (" + "; ".join(strays) + "): the machine's "
+        "speed moved between the burn's calibration and these runs, so the update is not the workload's cost "
+        "either; compare the rows of one column"
+    ]
+
+
 def loop_tables(result: SyntheticResult) -> list[TableData]:
     tables = []
     groups: dict[tuple[Policy, CostKind], list[WorkloadResult]] = {}
@@ -95,6 +125,7 @@ def loop_tables(result: SyntheticResult) -> list[TableData]:
         unavailable = {c.name: c.unavailable for w in ws for c in w.configs if c.unavailable}
         notes = [f"{n}: {why}" for n, why in unavailable.items()]
         notes += _spread_note(ws)
+        notes += _drift_note(ws)
         wl = ws[0].workload
         title = (
             f"{POLICY_LABEL[policy]}, {COST_LABEL[cost]} — rollout {wl.rollout_ms:g} ms/unit, update "

@@ -116,6 +116,11 @@ class SyntheticWorkload:
         return self.spec.bytes_per_sample
 
     @property
+    def rollouts_per_iteration(self) -> int:
+        """Rollout units (pushes) per iteration: one off-policy, ``U`` on-policy."""
+        return 1 if self.policy is Policy.OFF_POLICY else self.units_per_iteration
+
+    @property
     def train_batch_size(self) -> int:
         return self.batch_size if self.policy is Policy.OFF_POLICY else self.unit_size * self.units_per_iteration
 
@@ -235,7 +240,7 @@ def run_loop(
                 edp.push(_stamped(pool, k))
                 edp.flush()
                 k += 1
-        units = 1 if workload.policy is Policy.OFF_POLICY else workload.units_per_iteration
+        units = workload.rollouts_per_iteration
         for i in range(warmup + iterations):
             t0 = time.perf_counter()
             stamping = 0.0  # the benchmark's, not the loop's: left out of the iteration's time

@@ -90,8 +90,7 @@ def _drift_note(ws: list[WorkloadResult]) -> list[str]:
         wl = w.workload
         if wl.cost is not CostKind.COMPUTE or wl.rollout_ms <= 0:
             continue
-        units = 1 if wl.policy is Policy.OFF_POLICY else wl.units_per_iteration
-        target = wl.rollout_ms * units / 1e3
+        target = wl.rollout_ms * wl.rollouts_per_iteration / 1e3
         if abs(w.t_rollout / target - 1) > DRIFT:
             strays.append(f"{_scope(w)}: {_ms(w.t_rollout)} ms for {_ms(target)}")
     if not strays:

@@ -12,13 +12,30 @@ ROOT = Path(__file__).resolve().parents[1]
 MAPPING = {"conduit": "conduit", "conduit.integrations": "integrations", "conduit.cli": "cli"}
 
 
+def _folder(package: str) -> Path:
+    """Where ``package`` lives in the checkout (``MAPPING`` is pyproject's package-dir)."""
+    top = max((p for p in MAPPING if package == p or package.startswith(p + ".")), key=len)
+    rest = package[len(top) :].lstrip(".")
+    return ROOT / MAPPING[top] / Path(*rest.split(".")) if rest else ROOT / MAPPING[top]
+
+
 def test_every_package_folder_is_listed_in_pyproject():
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    """Code packages (an ``__init__.py``) and data-only ones (package data, no Python) alike, so setuptools
+    ships every folder it finds without warning that one is absent from ``packages``."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
     found = set()
     for pkg, folder in MAPPING.items():
         for init in (ROOT / folder).rglob("__init__.py"):
             rel = init.parent.relative_to(ROOT / folder)
             found.add(".".join([pkg, *rel.parts]) if rel.parts else pkg)
+    data_only = {pkg for pkg in setuptools["package-data"] if pkg not in found}
+    for pkg in data_only:
+        folder = _folder(pkg)
+        assert folder.is_dir() and not list(folder.glob("*.py")), f"{pkg}: expected a folder of data files, {folder}"
+        for pattern in setuptools["package-data"][pkg]:
+            assert list(folder.glob(pattern)), f"{pkg}: package-data {pattern!r} matches nothing in {folder}"
+    found |= data_only
     assert found == listed, f"missing from pyproject: {sorted(found - listed)}; stale: {sorted(listed - found)}"
 
 

@@ -506,13 +506,15 @@ def interleaved_medians(
     pool: list[dict[str, torch.Tensor]],
     progress: Progress | None = None,
     label: str = "",
+    between: Callable[[], object] | None = None,
 ) -> dict[Schedule, float]:
     """``T_iter`` of each schedule: the median over ``rounds`` interleaved runs of the loop of each run's
     steady time per iteration (:attr:`~conduit.synthetic.LoopResult.steady`: whole periods, not the median iteration).
 
     The order alternates from round to round, so slow drift of the machine (a
     neighbour's job starting) does not favour whichever runs first, and one
-    burst of load lands on no schedule twice.
+    burst of load lands on no schedule twice. ``between`` runs after each round
+    (a measurement that must see the same drift, such as the costs alone).
     """
     samples: dict[Schedule, list[float]] = {s: [] for s in schedules}
     for r in range(max(1, rounds)):
@@ -520,4 +522,6 @@ def interleaved_medians(
             if progress:
                 progress(f"{label}{s}")
             samples[s].append(run_loop(workload, s, iterations, warmup, pool=pool).steady)
+        if between is not None:
+            between()
     return {s: statistics.median(v) for s, v in samples.items()}

@@ -318,3 +318,32 @@ def test_even_the_models_minimum_meets_the_inline_baseline_again_before_it_is_ke
     matches.clear()
     assert profiler.rematch(w, ranked, {own: 10.0, INLINE: 10.1}, pool=pool, baseline=INLINE) == {own: 10.0, INLINE: 10.1}
     assert matches == []
+
+
+def test_calibration_times_rollout_and_update_alone_beside_its_rounds(monkeypatch):
+    """t_other is what the loop costs beyond rollout and update: both are re-timed after every calibration round
+    and their medians replace the ones measured before, so the host's drift in between is not fitted as t_other."""
+    from types import SimpleNamespace
+
+    from conduit.scheduling import profiler
+    from conduit.scheduling.profiler import ProfileSettings, calibrate
+    from conduit.synthetic import SyntheticWorkload
+
+    calls: list[str] = []
+
+    def loop(workload, schedule, iterations, warmup, pool):
+        calls.append("loop")
+        return SimpleNamespace(steady=0.0125)  # every probe: 2 + 8 ms alone, plus 2.5 ms
+
+    def alone(workload):
+        calls.append("alone")
+        return 2e-3, 8e-3  # the host now runs the 4 + 16 ms measured earlier in half the time
+
+    monkeypatch.setattr(profiler, "run_loop", loop)
+    monkeypatch.setattr(profiler, "standalone_costs", alone)
+    w = SyntheticWorkload(dim=8, unit_size=16, batch_size=16, capacity=256)
+    stale = Costs(Policy.OFF_POLICY, 4e-3, 16e-3, {Fraction(1): 1e-3}, {Fraction(1): 1e-3})
+    fitted, calib = calibrate(w, stale, ProfileSettings(calibration_rounds=3), g_max=1)
+    assert calls.count("alone") == 3 and calls[-1] == "alone"  # after each round
+    assert (fitted.t_rollout, fitted.t_update) == (2e-3, 8e-3)  # medians of the stale one and three fresh ones
+    assert calib["t_other"] > 0  # stale costs (20 ms against a 12.5 ms loop) would have fitted a negative one

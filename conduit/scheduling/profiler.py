@@ -333,12 +333,23 @@ def calibrate(
     progress: Progress | None = None,
     g_max: int = 1,
 ) -> tuple[Costs, dict[str, float]]:
-    """Fit ``t_other`` and the sync terms per path from short runs of the synthetic loop."""
+    """Fit ``t_other`` and the sync terms per path from short runs of the synthetic loop.
+
+    Rollout and update are timed alone again after every round, and the medians
+    (with ``costs``' own measurement) replace ``costs``' before the fit: ``t_other``
+    is what the loop costs beyond them, and on a host whose speed moves within
+    seconds a measurement taken before the rounds would fold the drift into it.
+    """
     pool = workload.units()
     probes = probe_schedules(workload.policy, workload.num_minibatches, g_max, every=settings.probe_every_granularity)
+    alone = [(costs.t_rollout, costs.t_update)]
     by_schedule = interleaved_medians(
         workload, list(dict.fromkeys(probes.values())), settings.calibration_rounds, settings.loop_iterations,
         settings.loop_warmup, pool=pool, progress=progress, label="calibrating ",
+        between=lambda: alone.append(standalone_costs(workload)),
+    )
+    costs = replace(
+        costs, t_rollout=statistics.median(a for a, _ in alone), t_update=statistics.median(b for _, b in alone)
     )
     measured = {name: by_schedule[s] for name, s in probes.items()}
     fitted = fit_sync(costs, measured, probes)

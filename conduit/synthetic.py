@@ -282,11 +282,7 @@ def standalone_costs(workload: SyntheticWorkload, repeats: int = 15) -> tuple[fl
             ts.append(time.perf_counter() - t0)
         return statistics.median(ts)
 
-    if workload.policy is Policy.OFF_POLICY:
-        t_r = timed(lambda: burner.burn(workload.rollout_ms))
-        t_u = timed(lambda: (burner.burn(workload.update_ms), _touch(batch)))
-        return t_r, t_u
-    steps = workload.num_minibatches * workload.num_epochs
-    t_r = timed(lambda: [burner.burn(workload.rollout_ms) for _ in range(workload.units_per_iteration)])
+    steps = 1 if workload.policy is Policy.OFF_POLICY else workload.num_minibatches * workload.num_epochs
+    t_r = timed(lambda: [burner.burn(workload.rollout_ms) for _ in range(workload.rollouts_per_iteration)])
     t_u = timed(lambda: [(burner.burn(workload.update_ms), _touch(batch)) for _ in range(steps)])
     return t_r, t_u

@@ -324,6 +324,9 @@ class Iteration:
     #: ``runs[minibatch][learner] = (start, n)``: the storage rows of the last epoch's mini-batches, while
     #: ``plan`` is the plan the rows were laid out by (None otherwise)
     runs: list[list[tuple[int, int]]] | None = None
+    #: the first ``early`` mini-batches of the first epoch are written in full and may be delivered before
+    #: the seal (:meth:`IterationBuffer.write`'s closing write, mini-batch by mini-batch); never the last one
+    early: int = 0
 
     def id_array(self) -> np.ndarray:
         return np.concatenate(self.ids) if self.ids else np.zeros(0, dtype=np.int64)
@@ -336,6 +339,12 @@ class Iteration:
         if rows.size and int(rows.max()) >= len(p):
             return np.where(rows < len(p), p[np.minimum(rows, len(p) - 1)], rows)
         return p[rows]
+
+
+def _take_rows(tensors: Mapping[str, torch.Tensor], rows: np.ndarray) -> dict[str, torch.Tensor]:
+    """Rows ``rows`` of every field (a copy), wherever the field lives."""
+    idx = torch.from_numpy(rows)
+    return {k: v.index_select(0, idx if v.device.type == "cpu" else idx.to(v.device)) for k, v in tensors.items()}
 
 
 def laid_out(epoch: list[list[np.ndarray]]) -> tuple[np.ndarray | None, list[list[tuple[int, int]]]]:
@@ -379,6 +388,15 @@ class IterationBuffer:
     iteration sealed with another count than expected gets a plan of its own and is
     gathered, epoch by epoch, from wherever its rows were stored. Either way the
     plans, and so the mini-batches, are the same draw by draw.
+
+    With ``early_minibatches`` (set by a delivery that hands out one mini-batch
+    per invocation on its worker), the write that completes an iteration of the
+    expected size stores its rows mini-batch by mini-batch, in the first epoch's
+    order, and each of that epoch's mini-batches but the last becomes deliverable
+    as soon as its rows are in (:attr:`Iteration.early`): the learner's first
+    update starts after a fraction of the last unit's write instead of all of it
+    — pipelining inside an iteration at mini-batch granularity (DESIGN.md §2.2).
+    The mini-batches are the plan's, whichever way the rows were written.
     """
 
     def __init__(
@@ -416,7 +434,9 @@ class IterationBuffer:
         self.inserted = 0  # rows ever written == next transition id
         self._free: list[Storage] = []
         self._order: StreamOrder | None = None
-        #: called (outside the lock) when an iteration was sealed / released
+        #: release the first epoch's mini-batches one by one during an iteration's closing write (see above)
+        self.early_minibatches = False
+        #: called (outside the lock) when an iteration was sealed (or a mini-batch released early) / released
         self.on_data: list[Callable[[], None]] = []
         self.on_release: list[Callable[[], None]] = []
 
@@ -443,7 +463,8 @@ class IterationBuffer:
         """Whether rows of ``iteration`` can be stored now (back-pressure)."""
         return iteration < self.consumed + self.max_in_flight
 
-    def write(self, iteration: int, parts: Sequence[Data]) -> tuple[int, int]:
+    def write(self, iteration: int, parts: Sequence[Data], closes: bool = False) -> tuple[int, int]:
+        """Store rows of ``iteration``; ``closes``: no further rows will join it (the ingestion path knows)."""
         with self.lock:
             if iteration < self.consumed or iteration in self.sealed:
                 raise SemanticsError(
@@ -460,20 +481,89 @@ class IterationBuffer:
             if self._order is None:
                 self._order = StreamOrder(it.storage.devices)
             self._order.before_write()  # a reused store may still be read by a delivery stream
-            for tensors in checked:
-                n = batch_size_of(tensors)
-                self._ensure_room(it, n, tensors)
-                if it.position is None:
-                    it.storage.write(it.rows, tensors)
-                else:
-                    it.storage.write_slots(it.slots(np.arange(it.rows, it.rows + n)), tensors)
-                assert it.ids is not None
-                it.ids.append(np.arange(self.inserted, self.inserted + n))
-                it.rows += n
-                self.inserted += n
-            self._order.after_write()
-            self.changed.notify_all()
-        return first, self.inserted - first
+            closing = self._closing_write(it, checked) if closes else None
+            if closing is None:
+                for tensors in checked:
+                    n = batch_size_of(tensors)
+                    self._ensure_room(it, n, tensors)
+                    if it.position is None:
+                        it.storage.write(it.rows, tensors)
+                    else:
+                        it.storage.write_slots(it.slots(np.arange(it.rows, it.rows + n)), tensors)
+                    assert it.ids is not None
+                    it.ids.append(np.arange(self.inserted, self.inserted + n))
+                    it.rows += n
+                    self.inserted += n
+                self._order.after_write()
+                self.changed.notify_all()
+                return first, self.inserted - first
+        self._write_by_minibatch(it, closing)  # outside the lock: delivery serves the mini-batches already in
+        return first, it.rows - closing[0][0]
+
+    def _closing_write(
+        self, it: Iteration, checked: Sequence[Mapping[str, torch.Tensor]]
+    ) -> list[tuple[int, Mapping[str, torch.Tensor], list[np.ndarray]]] | None:
+        """For the write that completes ``it``, at the size its plan was drawn for, with ``early_minibatches``:
+        its parts as (first row, data, the part's rows in each of the first epoch's mini-batches), every row
+        already counted (ids, rows, version); else None (caller holds the lock)."""
+        m = self.num_minibatches
+        if not self.early_minibatches or it.plan is None or m < 2 or it.early or it.ids is None:
+            return None
+        n = sum(batch_size_of(t) for t in checked)
+        if it.rows + n != self.expected_rows or self.expected_rows > it.storage.rows:
+            return None
+        spec = self._specs.spec
+        assert spec is not None
+        if any(spec.grown_by(t) is not None for t in checked):
+            return None
+        owner = np.empty(self.expected_rows, dtype=np.int64)  # the first epoch's mini-batch of every row
+        for k, minibatch in enumerate(it.plan[0]):
+            for rows in minibatch:
+                owner[rows] = k
+        parts = []
+        start = it.rows
+        for tensors in checked:
+            size = batch_size_of(tensors)
+            mine = owner[start : start + size]
+            order = np.argsort(mine, kind="stable")
+            bounds = np.searchsorted(mine[order], np.arange(m + 1))
+            parts.append((start, tensors, [order[bounds[k] : bounds[k + 1]] for k in range(m)]))
+            start += size
+        # counted before any row is written: a writer of the next iteration takes the ids after these, and
+        # nothing reads a row of this iteration before its mini-batch is released
+        it.ids.append(np.arange(self.inserted, self.inserted + n))
+        it.rows += n
+        self.inserted += n
+        return parts
+
+    def _write_by_minibatch(
+        self, it: Iteration, parts: list[tuple[int, Mapping[str, torch.Tensor], list[np.ndarray]]]
+    ) -> None:
+        """The closing write, mini-batch by mini-batch of the first epoch; each but the last is released
+        (:attr:`Iteration.early`, and the ``on_data`` callbacks) as soon as its rows are stored.
+
+        Row ``r`` still lands in storage row ``it.slots(r)`` with id ``first + r``: only the order of the
+        writes changes. It runs outside the lock, which the delivery path needs to serve the mini-batches
+        already complete: nothing else touches this iteration's storage meanwhile — its rows are all
+        counted, so no further write joins it, and it cannot be released before its last mini-batch, which
+        waits for the seal. The rows of one mini-batch in a part are gathered before their scatter: one
+        extra copy of this write's rows, off the learner's path but for the first mini-batch's share.
+        """
+        assert self._order is not None
+        m = self.num_minibatches
+        for k in range(m):
+            for first, tensors, by_minibatch in parts:
+                rows = by_minibatch[k]
+                if rows.size:
+                    it.storage.write_slots(it.slots(first + rows), _take_rows(tensors, rows))
+            with self.lock:
+                self._order.after_write()
+                if k < m - 1:  # the last mini-batch waits for the seal
+                    it.early = k + 1
+                self.changed.notify_all()
+            if k < m - 1:
+                for fn in self.on_data:
+                    fn()
 
     def _get(self, iteration: int) -> Iteration:
         it = self.iterations.get(iteration)
@@ -527,7 +617,8 @@ class IterationBuffer:
                     it.rows, self.num_minibatches, self.num_epochs, self.rng, self.num_learners, self.shuffle
                 )
                 it.runs = None
-            it.remaining = [self.num_minibatches * self.num_epochs] * self.num_learners
+            if it.remaining is None:  # else set by a mini-batch delivered early (the plan is unchanged then)
+                it.remaining = [self.num_minibatches * self.num_epochs] * self.num_learners
             self.sealed.add(iteration)
             self.changed.notify_all()
         for fn in self.on_data:
@@ -570,7 +661,8 @@ class IterationBuffer:
         """Mark mini-batches handed to ``learner``; release the iteration when all learners are done."""
         with self.lock:
             it = self.iterations[iteration]
-            assert it.remaining is not None
+            if it.remaining is None:  # a mini-batch released before the seal (never the last one)
+                it.remaining = [self.num_minibatches * self.num_epochs] * self.num_learners
             it.remaining[learner] -= count
             if it.remaining[learner] < 0:
                 raise SemanticsError(f"learner {learner} pulled more mini-batches than iteration {iteration} holds")

@@ -16,7 +16,10 @@ the buffer (units 0-3 stored as 1, 2, 3, 3 at overlapped g = 1). ``copy=False``
 hands the arrays over for actors that build fresh ones per rollout.
 
 Granularity ``0 < g < 1`` (on-policy) splits each unit into pieces of
-``ceil(g·rows)`` rows, one invocation each.
+``ceil(g·rows)`` rows, one invocation each — but the unit that completes its
+iteration, when the buffer releases that iteration's mini-batches as their rows
+are written (``IterationBuffer.early_minibatches``): it is one invocation, which
+the buffer writes mini-batch by mini-batch.
 
 On-policy units are assigned to an iteration at push time: an iteration closes
 with the unit that brings it to ``train_batch_size`` rows (or on ``seal()``), and
@@ -56,6 +59,9 @@ class _Piece:
     rows: int
     unit_end: bool
     iteration: int | None = None
+    #: the last rows of its iteration, which closes at the expected size: the buffer may release the
+    #: iteration's mini-batches as this write stores them
+    closes: bool = False
     #: the pushing thread's CUDA streams at push time (None for host data): the writer waits for them
     producers: dict[torch.device, torch.cuda.Event] | None = None
 
@@ -199,10 +205,16 @@ class IngestionPath:
                 pieces = self._split(tensors, rows, mark_producers(tensors))
             if limiter is not None:
                 limiter.insert(rows)
+            closes = self.on_policy and self._closes(rows)
+            if closes and len(pieces) > 1:
+                # the unit that completes its iteration is written whole: the buffer stores it mini-batch by
+                # mini-batch and releases each as it completes, which row pieces would only delay
+                pieces = [_Piece(tensors, rows, True, producers=pieces[0].producers)]
             if self.on_policy:
                 iteration = self._assign_iteration(rows, len(pieces))
             for p in pieces:
                 p.iteration = iteration
+            pieces[-1].closes = closes
             self.queue.extend(pieces)
             self.pending_units += 1
             self.stats.pushed_units += 1
@@ -264,6 +276,12 @@ class IngestionPath:
         if self._push_iter_rows >= self.train_batch_size:
             self._close_push_iteration()
         return it
+
+    def _closes(self, rows: int) -> bool:
+        """Whether a unit of ``rows`` completes the iteration being pushed at its expected size, in a buffer
+        that releases such an iteration's mini-batches as they are written (caller holds cond)."""
+        assert isinstance(self.buffer, IterationBuffer)
+        return self.buffer.early_minibatches and self._push_iter_rows + rows == self.buffer.expected_rows
 
     def _close_push_iteration(self) -> None:
         self._closed.add(self._push_iter)
@@ -347,7 +365,8 @@ class IngestionPath:
         for p in group:  # on the worker's stream: after the actor's kernels that produced the unit
             adopt(p.data, p.producers)
         granularity = float(self.mode.granularity)
-        packet = Packet([p.data for p in group], {"iteration": group[0].iteration, "granularity": granularity})
+        meta = {"iteration": group[0].iteration, "granularity": granularity, "closes": group[-1].closes}
+        packet = Packet([p.data for p in group], meta)
         try:
             self.graph.run(packet, granularity)
         except Exception as exc:
@@ -368,7 +387,7 @@ class IngestionPath:
             return packet  # the hook filtered everything out
         if self.on_policy:
             assert isinstance(self.buffer, IterationBuffer)
-            _, n = self.buffer.write(packet.meta["iteration"], packet.parts)
+            _, n = self.buffer.write(packet.meta["iteration"], packet.parts, closes=packet.meta["closes"])
         else:
             assert isinstance(self.buffer, ReplayBuffer)
             _, n = self.buffer.write(packet.parts, validated=self._identity)

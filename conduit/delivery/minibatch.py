@@ -23,10 +23,22 @@ class MinibatchDelivery(DeliveryPath):
     def _version(self) -> int:
         return self.buffer.inserted
 
+    def start(self) -> None:
+        # one mini-batch per invocation on the worker: the buffer may release an iteration's first mini-batches
+        # before its seal, and this path hands each out as soon as it is complete
+        self.buffer.early_minibatches = bool(self.mode.overlap and self.mode.granularity < 1)
+        super().start()
+
     def _can_produce(self, learner: int) -> bool:
-        iteration, _ = self.cursor[learner]
-        with self.buffer.lock:
-            return iteration in self.buffer.sealed
+        iteration, pos = self.cursor[learner]
+        buffer = self.buffer
+        with buffer.lock:
+            if iteration in buffer.sealed:
+                return True
+            if self.mode.granularity >= 1:  # an invocation takes the rest of an epoch: the whole iteration
+                return False
+            it = buffer.iterations.get(iteration)
+            return it is not None and pos < it.early  # released early: its rows are all stored
 
     def _begin(self, learner: int) -> Packet:
         iteration, pos = self.cursor[learner]

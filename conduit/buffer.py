@@ -341,12 +341,6 @@ class Iteration:
         return p[rows]
 
 
-def _take_rows(tensors: Mapping[str, torch.Tensor], rows: np.ndarray) -> dict[str, torch.Tensor]:
-    """Rows ``rows`` of every field (a copy), wherever the field lives."""
-    idx = torch.from_numpy(rows)
-    return {k: v.index_select(0, idx if v.device.type == "cpu" else idx.to(v.device)) for k, v in tensors.items()}
-
-
 def laid_out(epoch: list[list[np.ndarray]]) -> tuple[np.ndarray | None, list[list[tuple[int, int]]]]:
     """Storage rows that put an epoch's mini-batches side by side, in plan order, and each one's run.
 
@@ -546,8 +540,8 @@ class IterationBuffer:
         writes changes. It runs outside the lock, which the delivery path needs to serve the mini-batches
         already complete: nothing else touches this iteration's storage meanwhile — its rows are all
         counted, so no further write joins it, and it cannot be released before its last mini-batch, which
-        waits for the seal. The rows of one mini-batch in a part are gathered before their scatter: one
-        extra copy of this write's rows, off the learner's path but for the first mini-batch's share.
+        waits for the seal. A part's rows of one mini-batch are picked out of it by the storage
+        (:meth:`Storage.write_slots` with ``rows``).
         """
         assert self._order is not None
         m = self.num_minibatches
@@ -555,7 +549,7 @@ class IterationBuffer:
             for first, tensors, by_minibatch in parts:
                 rows = by_minibatch[k]
                 if rows.size:
-                    it.storage.write_slots(it.slots(first + rows), _take_rows(tensors, rows))
+                    it.storage.write_slots(it.slots(first + rows), tensors, rows)
             with self.lock:
                 self._order.after_write()
                 if k < m - 1:  # the last mini-batch waits for the seal

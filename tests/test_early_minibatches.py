@@ -14,6 +14,7 @@ import threading
 from fractions import Fraction
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,8 @@ from hypothesis import strategies as st
 from conduit import Conduit
 from conduit.buffer import IterationBuffer
 from conduit.scheduling.space import Mode, Schedule
-from conduit.storage import FixedStorage
+from conduit.spec import ExperienceSpec
+from conduit.storage import FixedStorage, TensorStorage
 from tests.helpers import transitions
 
 INLINE = Schedule(Mode(False, 1), Mode(False, 1))
@@ -154,3 +156,19 @@ def test_overlapped_delivery_with_early_minibatches_delivers_what_inline_does(
         overlapped = _consume(edp, units, 12)
     with Conduit(**cfg, schedule=INLINE) as edp:
         assert overlapped == _consume(edp, units, 12)
+
+
+@pytest.mark.parametrize(
+    ("dim", "dtype"),
+    [(4, "float32"), (4096, "float32"), (4, "bfloat16")],  # through numpy's temporary, row by row, through torch
+)
+def test_a_storage_writes_rows_picked_out_of_a_unit_to_their_slots(dim, dtype):
+    spec = ExperienceSpec.of(obs=((dim,), dtype), tid=((), "int64"))
+    storage = TensorStorage(spec, 8)
+    unit = {"obs": torch.arange(5.0).repeat_interleave(dim).view(5, dim).to(getattr(torch, dtype)), "tid": torch.arange(5)}
+    slots, rows = np.array([6, 1, 3]), np.array([4, 0, 2])
+    storage.write_slots(slots, unit, rows)
+    stored = storage.read(0, 8)
+    assert stored["tid"][slots].tolist() == rows.tolist()
+    assert torch.equal(stored["obs"][slots], unit["obs"][rows])
+    assert stored["tid"][[0, 2, 4, 5, 7]].tolist() == [0] * 5  # nothing else written

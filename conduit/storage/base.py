@@ -15,7 +15,13 @@ import torch
 
 from conduit.spec import ExperienceSpec
 
-__all__ = ["Storage"]
+__all__ = ["Storage", "take_rows"]
+
+
+def take_rows(data: Mapping[str, torch.Tensor], rows: np.ndarray) -> dict[str, torch.Tensor]:
+    """Rows ``rows`` of every field (a copy), wherever the field lives."""
+    idx = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+    return {k: v.index_select(0, idx if v.device.type == "cpu" else idx.to(v.device)) for k, v in data.items()}
 
 
 class Storage(ABC):
@@ -43,11 +49,18 @@ class Storage(ABC):
         ``data`` is already validated against the spec.
         """
 
-    def write_slots(self, slots: np.ndarray, data: Mapping[str, torch.Tensor]) -> None:
-        """Write row ``i`` of ``data`` to slot ``slots[i]`` (any order); runs of consecutive slots are one copy."""
+    def write_slots(
+        self, slots: np.ndarray, data: Mapping[str, torch.Tensor], rows: np.ndarray | None = None
+    ) -> None:
+        """Write row ``i`` of ``data`` (row ``rows[i]`` when given) to slot ``slots[i]`` (any order).
+
+        Runs of consecutive slots are one copy.
+        """
         slots = np.asarray(slots, dtype=np.int64)
         if slots.size == 0:
             return
+        if rows is not None:
+            data = take_rows(data, rows)
         breaks = np.flatnonzero(np.diff(slots) != 1) + 1
         starts = np.concatenate([[0], breaks])
         ends = np.concatenate([breaks, [slots.size]])

@@ -492,7 +492,7 @@ class IterationBuffer:
                 self.changed.notify_all()
                 return first, self.inserted - first
         self._write_by_minibatch(it, closing)  # outside the lock: delivery serves the mini-batches already in
-        return first, it.rows - closing[0][0]
+        return first, self.expected_rows - closing[0][0]
 
     def _closing_write(
         self, it: Iteration, checked: Sequence[Mapping[str, torch.Tensor]]
@@ -504,7 +504,7 @@ class IterationBuffer:
         if not self.early_minibatches or it.plan is None or m < 2 or it.early or it.ids is None:
             return None
         n = sum(batch_size_of(t) for t in checked)
-        if it.rows + n != self.expected_rows or self.expected_rows > it.storage.rows:
+        if n == 0 or it.rows + n != self.expected_rows or self.expected_rows > it.storage.rows:
             return None
         spec = self._specs.spec
         assert spec is not None

@@ -181,6 +181,7 @@ class TensorStorage(Storage):
         slots = np.asarray(slots, dtype=np.int64)
         views = self._numpy_now()
         picked = None if rows is None else np.asarray(rows, dtype=np.int64)
+        idx: torch.Tensor | None = None  # for the fields torch copies
         for name, dst in self.tensors.items():
             src = data[name]
             below = views.get(name)
@@ -195,7 +196,8 @@ class TensorStorage(Storage):
             if src.shape[1:] != dst.shape[1:]:
                 src = _pad_to(src, dst.shape[1:])
             src = src.to(self.device, non_blocking=self.device.type == "cuda")
-            idx = torch.from_numpy(slots).to(self.device)
+            if idx is None:
+                idx = torch.from_numpy(slots).to(self.device)
             step = _serial_rows(dst) or idx.shape[0]
             for i in range(0, idx.shape[0], step):
                 dst.index_copy_(0, idx[i : i + step], src[i : i + step])

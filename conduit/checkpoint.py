@@ -42,9 +42,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from conduit.buffer import IterationBuffer, ReplayBuffer
+from conduit.buffer import ReplayBuffer
 from conduit.errors import ConduitError, SemanticsError
 from conduit.executor import adopt
+from conduit.iterations import IterationBuffer
 from conduit.spec import ExperienceSpec
 
 if TYPE_CHECKING:

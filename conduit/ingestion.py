@@ -38,10 +38,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from conduit.buffer import IterationBuffer, ReplayBuffer
+from conduit.buffer import ReplayBuffer
 from conduit.errors import RateLimited, SemanticsError
 from conduit.executor import FailureBox, StreamSet, Worker, adopt, fail, hold_still, mark_producers, wait_until
 from conduit.hooks import ACTOR, EXPERIENCE_BUFFER, Reader, Writer
+from conduit.iterations import IterationBuffer
 from conduit.operators import FnOperator, Graph, HookOperator, OperatorKind, Packet
 from conduit.ratelimit import RateLimiter
 from conduit.scheduling.space import Mode

@@ -37,13 +37,14 @@ import numpy as np
 import torch
 
 from conduit.batch import Batch, BatchInfo
-from conduit.buffer import IterationBuffer, ReplayBuffer
+from conduit.buffer import ReplayBuffer
 from conduit.config import ConduitConfig, Policy, SamplerKind
 from conduit.delivery import DeliveryPath, MinibatchDelivery, ReplayDelivery
 from conduit.errors import ConduitError, ConfigError, RuntimeClosed, SemanticsError
 from conduit.executor import FailureBox
 from conduit.hooks import HookKind, HookRegistry
 from conduit.ingestion import IngestionPath
+from conduit.iterations import IterationBuffer
 from conduit.ratelimit import RateLimiter
 from conduit.remote import ActorChannel
 from conduit.samplers import FifoSampler, LifoSampler, PrioritizedSampler, UniformSampler

@@ -12,7 +12,8 @@ dtypes that ``torch.can_cast`` allows are cast, anything else is rejected.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "Data",
     "ExperienceSpec",
     "FieldSpec",
+    "SpecHolder",
     "as_tensors",
     "batch_size_of",
     "rows_of",
@@ -328,3 +330,33 @@ def batch_size_of(tensors: Mapping[str, torch.Tensor]) -> int:
     if len(distinct) != 1:
         raise SpecError(f"fields disagree on the leading (batch) dimension: {sizes}")
     return distinct.pop()
+
+
+class SpecHolder:
+    """A buffer's experience spec: declared, or inferred from the first write, and every write checked against it.
+
+    The first write that validates defines the spec (when none was declared),
+    so a later, different write is rejected even if the first one has not
+    reached storage yet (overlapped ingestion).
+    """
+
+    def __init__(self, spec: ExperienceSpec | None, growable: frozenset[str]) -> None:
+        self.spec = spec
+        self.growable = growable
+        self._lock = threading.Lock()
+
+    def check(self, parts: Sequence[Data], commit: bool = True) -> list[dict[str, torch.Tensor]]:
+        """Validate every part (inferring the spec from the first if unknown); all or nothing."""
+        with self._lock:
+            spec = self.spec
+            out = []
+            for part in parts:
+                if spec is None:
+                    tensors = as_tensors(part)
+                    if batch_size_of(tensors) == 0:
+                        raise SpecError("empty write: the leading (batch) dimension is 0 for every field")
+                    spec = ExperienceSpec.infer(tensors, self.growable)
+                out.append(spec.validate(part))
+            if commit and self.spec is None:
+                self.spec = spec
+            return out

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from conduit import ExperienceSpec, FieldSpec, SemanticsError, SpecError
-from conduit.buffer import IterationBuffer, ReplayBuffer
+from conduit.buffer import ReplayBuffer
+from conduit.iterations import IterationBuffer
 from conduit.samplers import PrioritizedSampler, UniformSampler
 from conduit.storage import FixedStorage
 from tests.helpers import transitions

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conduit import Conduit
-from conduit.buffer import IterationBuffer
+from conduit.iterations import IterationBuffer
 from conduit.scheduling.space import Mode, Schedule
 from conduit.spec import ExperienceSpec
 from conduit.storage import FixedStorage, TensorStorage

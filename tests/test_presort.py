@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conduit import Conduit
-from conduit.buffer import IterationBuffer, laid_out
+from conduit.iterations import IterationBuffer, laid_out
 from conduit.scheduling.space import Mode, Schedule
 from conduit.spec import ExperienceSpec, FieldSpec
 from conduit.storage import FixedStorage, TensorStorage

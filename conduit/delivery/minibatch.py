@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from conduit.batch import BatchInfo
-from conduit.buffer import IterationBuffer
 from conduit.delivery.base import DeliveryPath
+from conduit.iterations import IterationBuffer
 from conduit.operators import Packet
 
 __all__ = ["MinibatchDelivery"]

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from conduit.bench import peers as peers_mod
 from conduit.bench.loop import ConfigResult, SyntheticResult, SyntheticSettings, WorkloadResult, workloads
+from conduit.bench.loop_results import bracketed_exposed
 from conduit.bench.micro import CaseResult, DimResult, MicroResult, MicroSettings, capacity_for, run_micro
 from conduit.bench.peers import MicroData, Missing, Op, Role, Sampling, load_peer
 from conduit.bench.peers_conduit import SharedStorage, micro_spec
@@ -219,6 +220,17 @@ def _workload_result(policy: Policy, dim: int, inline: float, auto: float) -> Wo
         ConfigResult("GEAR-style (pinned CPU)", "gear", "pinned", sched, unavailable="needs CUDA"),
     ]
     return res
+
+
+def test_exposed_latency_of_a_run_uses_the_alone_costs_measured_around_it() -> None:
+    # the host slows down from the second run on: the alone costs around each run say so, and no run is charged
+    runs = [("inline", 0.0110), ("auto", 0.0155), ("inline", 0.0162)]
+    alone = [0.0100, 0.0100, 0.0150, 0.0150]
+    exposed = bracketed_exposed(runs, alone)
+    assert exposed["inline"] == pytest.approx([0.0010, 0.0012])
+    assert exposed["auto"] == pytest.approx([0.0030])
+    with pytest.raises(ValueError, match="2 runs need 3 alone measurements"):
+        bracketed_exposed(runs[:2], alone[:2])
 
 
 def test_loop_targets_need_a_70_percent_cut_off_policy_and_report_on_policy() -> None:

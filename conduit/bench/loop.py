@@ -26,8 +26,9 @@ actor/learner loop (:func:`conduit.synthetic.run_loop`) in interleaved repeats:
 - **Conduit auto** — the planner's placement and the cost model's schedule.
 
 Exposed experience-path latency is ``T_iter - T_rollout - T_update`` with the
-rollout and update costs measured alone (``standalone_costs``), interleaved
-with the runs.
+rollout and update costs measured alone (``standalone_costs``) right before and
+right after each run (:func:`~conduit.bench.loop_results.bracketed_exposed`: the
+host's speed moves within seconds), the median over a configuration's runs.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from conduit.bench.loop_results import (
     SyntheticResult,
     SyntheticSettings,
     WorkloadResult,
+    bracketed_exposed,
     workloads,
 )
 from conduit.bench.timing import torch_threads
@@ -72,6 +74,9 @@ __all__ = [
 ]
 
 Progress = Callable[[int, int, str], None]
+
+#: repeats of each alone measurement of rollout and update (one before every run and one after)
+ALONE_REPEATS = 9
 
 
 def auto_storage() -> tuple[StoragePolicy, str]:
@@ -238,34 +243,34 @@ def run_workload(
     chosen = prof.choice  # the model's shortlist, verified on the loop (as conduit profile plans)
     configs, unavailable = build_configs(w, chosen.schedule, auto_placement)
     pool = w.units()
-    samples: dict[str, list[float]] = {c.name: [] for c in configs}
-    alone: list[tuple[float, float]] = []
+    runs: list[tuple[str, float]] = []  # in the order they ran
+    alone: list[tuple[float, float]] = [standalone_costs(w, ALONE_REPEATS)]  # before the first run, after each
     for r in range(settings.repeats):
-        say(f"repeat {r + 1}/{settings.repeats}: rollout and update alone")
-        alone.append(standalone_costs(w))
         k = r % len(configs)
         for c in configs[k:] + configs[:k]:
             say(f"repeat {r + 1}/{settings.repeats}: {c.name}")
-            samples[c.name].append(run_config(w, c, settings, auto, pool))
+            runs.append((c.name, run_config(w, c, settings, auto, pool)))
+            alone.append(standalone_costs(w, ALONE_REPEATS))
     t_r = statistics.median(a for a, _ in alone)
     t_u = statistics.median(b for _, b in alone)
     result = WorkloadResult(w, t_r, t_u, chosen)
-    inline_t = statistics.median(samples[configs[0].name])
-    inline_exposed = inline_t - t_r - t_u
+    exposed = bracketed_exposed(runs, [a + b for a, b in alone])
+    inline_exposed = statistics.median(exposed[configs[0].name])
     for c in configs:
-        t = statistics.median(samples[c.name])
-        exposed = t - t_r - t_u
+        samples = tuple(t for name, t in runs if name == c.name)
+        e = statistics.median(exposed[c.name])
         result.configs.append(
             ConfigResult(
                 c.name,
                 c.kind,
                 c.placement,
                 c.schedule,
-                t,
-                exposed,
-                1 - exposed / inline_exposed if inline_exposed > 0 else None,
+                statistics.median(samples),
+                e,
+                1 - e / inline_exposed if inline_exposed > 0 else None,
                 predict(prof.costs, c.schedule).exposed if not c.copy_hop else None,
-                tuple(samples[c.name]),
+                samples,
+                tuple(exposed[c.name]),
             )
         )
     result.configs.extend(unavailable)

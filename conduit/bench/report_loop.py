@@ -123,6 +123,10 @@ def loop_tables(result: SyntheticResult) -> list[TableData]:
         ]
         unavailable = {c.name: c.unavailable for w in ws for c in w.configs if c.unavailable}
         notes = [f"{n}: {why}" for n, why in unavailable.items()]
+        notes.append(
+            "exposed: each run's time per iteration less rollout + update measured alone right before and right "
+            "after it, the median over the runs (the first row: the medians of all those alone measurements)"
+        )
         notes += _spread_note(ws)
         notes += _drift_note(ws)
         wl = ws[0].workload

@@ -140,6 +140,7 @@ def _profile_one(console: Console, w: SyntheticWorkload, g_max: int, check: bool
             for name, sched in (("inline", baseline.schedule), ("chosen", chosen.schedule)):
                 measured[name] = {"t_iter_s": t_iter[sched], "exposed_s": t_iter[sched] - t_alone}
             measured["t_alone_s"] = t_alone  # rollout + update alone, timed in the same rounds
+            measured["profiled_alone_s"] = result.costs.t_rollout + result.costs.t_update
             measured["rounds"] = CHECK_ROUNDS
     doc = {
         "workload": {k: (v.value if hasattr(v, "value") else v) for k, v in w.__dict__.items()},
@@ -237,16 +238,39 @@ def _measured_line(measured: dict[str, Any], same: bool) -> str:
     if "t_alone_s" in measured:
         runs += f", rollout + update alone {_ms(measured['t_alone_s'])} ms in the same rounds"
     if same:
-        return (
+        line = (
             f"[bold]Measured:[/bold] the plan is the inline schedule: T_iter {_ms(inl['t_iter_s'])} ms, exposed "
             f"{_ms(inl['exposed_s'])} ms ({runs})"
         )
-    change = ch["exposed_s"] / inl["exposed_s"] - 1 if inl["exposed_s"] > 0 else float("nan")
+    else:
+        change = ch["exposed_s"] / inl["exposed_s"] - 1 if inl["exposed_s"] > 0 else float("nan")
+        line = (
+            f"[bold]Measured:[/bold] T_iter {_ms(ch['t_iter_s'])} ms vs inline {_ms(inl['t_iter_s'])} ms; exposed "
+            f"{_ms(ch['exposed_s'])} ms vs {_ms(inl['exposed_s'])} ms "
+            + (f"({change:+.0%} exposed latency" if change == change else "(inline exposes nothing measurable")
+            + f"; {runs})"
+        )
+    return line + _drift_note(measured)
+
+
+#: how far rollout + update alone may move between the profile and its check before the output says so
+DRIFT = 0.15
+
+
+def _drift_note(measured: dict[str, Any]) -> str:
+    """A sentence when the machine's speed moved between profiling and the check (else nothing).
+
+    The tables above were measured in the earlier state, the check in the later one: without the
+    note a newcomer reads the same schedule at 41.6 ms in "verified T_iter" and 60.7 ms in the
+    "Measured" line of one printout (a fresh clone's run here) and cannot tell why.
+    """
+    then, now = measured.get("profiled_alone_s"), measured.get("t_alone_s")
+    if not then or not now or abs(now / then - 1) <= DRIFT:
+        return ""
     return (
-        f"[bold]Measured:[/bold] T_iter {_ms(ch['t_iter_s'])} ms vs inline {_ms(inl['t_iter_s'])} ms; exposed "
-        f"{_ms(ch['exposed_s'])} ms vs {_ms(inl['exposed_s'])} ms "
-        + (f"({change:+.0%} exposed latency" if change == change else "(inline exposes nothing measurable")
-        + f"; {runs})"
+        f"\n[dim]This machine's speed moved while it was profiled: rollout + update alone took {_ms(then)} ms "
+        f"when the costs above were measured and {_ms(now)} ms in the check, so the tables' times and the "
+        "check's differ by as much; compare figures measured in the same rounds.[/dim]"
     )
 
 

@@ -79,6 +79,23 @@ def test_the_measured_check_compares_only_two_schedules():
     assert "%" not in same and "the plan is the inline schedule" in same and "47.000 ms" in same
     other = _measured_line(measured, same=False)
     assert "(-108% exposed latency; median of 3 interleaved runs)" in other
+    assert "speed moved" not in other
+
+
+def test_the_measured_check_says_when_the_machine_changed_speed_since_the_profile():
+    from conduit.cli.profile import _measured_line
+
+    measured = {
+        "inline": {"t_iter_s": 0.0607, "exposed_s": 0.005},
+        "chosen": {"t_iter_s": 0.0607, "exposed_s": 0.005},
+        "t_alone_s": 0.0556,
+        "profiled_alone_s": 0.0374,
+        "rounds": 3,
+    }
+    line = _measured_line(measured, same=True)
+    assert "speed moved" in line and "37.400 ms" in line and "55.600 ms" in line
+    measured["profiled_alone_s"] = 0.052  # within 15%: the usual jitter, no note
+    assert "speed moved" not in _measured_line(measured, same=True)
 
 
 def test_the_check_times_rollout_and_update_alone_in_its_own_rounds():

@@ -62,6 +62,15 @@ class Burner:
         if kind is CostKind.COMPUTE and size not in Burner._calibration:
             Burner._calibration[size] = self._calibrate()
 
+    @classmethod
+    def recalibrate(cls, size: int = 256) -> None:
+        """Measure a matmul's cost again: this host's speed moves (0.21 against 0.33 ms per 256x256 matmul,
+        switching within seconds), and a burn calibrated once per process drifts from its target for good
+        (in one sweep a 2 ms rollout burned 1.14 ms, in another an 8 ms update 11.6). A sweep calls this
+        before each workload."""
+        cls._calibration.pop(size, None)
+        Burner(CostKind.COMPUTE, size)
+
     def _calibrate(self, window: float = 0.02, windows: int = 7) -> float:
         for _ in range(10):
             torch.mm(self._a, self._b)

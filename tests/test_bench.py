@@ -424,3 +424,16 @@ def test_tables_print_schedules_verbatim_in_the_terminal():
     _render(console, TableData("t", ["configuration", "dim 1,000"], [["Conduit's schedule", cell]], ["[note] kept"]))
     text = console.export_text()
     assert cell in text and "[note] kept" in text
+
+
+def test_a_workload_recalibrates_the_compute_burn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The burn is measured again per workload: a calibration from a slower stretch of the host would burn
+    other than the workload's cost for the rest of the sweep."""
+    from conduit.synthetic import Burner
+
+    Burner(CostKind.COMPUTE)
+    monkeypatch.setitem(Burner._calibration, 256, 1.0)  # as if one matmul had taken a second
+    Burner(CostKind.COMPUTE)
+    assert Burner._calibration[256] == 1.0  # a new burner keeps the process's calibration
+    Burner.recalibrate()
+    assert 0 < Burner._calibration[256] < 0.1

@@ -58,7 +58,7 @@ from conduit.scheduling.model import predict
 from conduit.scheduling.profiler import ProfileSettings, profile_workload
 from conduit.scheduling.space import Mode, Policy, Schedule
 from conduit.storage import FixedStorage, StoragePolicy
-from conduit.synthetic import Burner, SyntheticWorkload, run_loop, standalone_costs
+from conduit.synthetic import Burner, CostKind, SyntheticWorkload, run_loop, standalone_costs
 from conduit.trace import Tracer
 
 __all__ = [
@@ -237,6 +237,8 @@ def run_workload(
     t0 = time.perf_counter()
     say = progress or (lambda _m: None)
     auto = auto or FixedStorage("cpu")
+    if w.cost is CostKind.COMPUTE:
+        Burner.recalibrate()  # the host's speed has moved since the last workload's calibration
     say("profiling")
     thorough = ProfileSettings.thorough()  # as `conduit profile --validate` plans
     prof = profile_workload(w, settings=thorough, g_max=settings.g_max)

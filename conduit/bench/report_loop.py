@@ -80,7 +80,7 @@ DRIFT = 0.15
 def _drift_note(ws: list[WorkloadResult]) -> list[str]:
     """Where the compute burn measured alone strayed from its target: the machine's speed moved during the run.
 
-    The burn is calibrated once per process, so a host that has since slowed down or
+    The burn is calibrated at the start of each workload, so a host that has since slowed down or
     sped up (measured here: 0.21 against 0.33 ms per matmul, switching within seconds)
     gives an update of other than the workload's cost. The rollout is the clean
     probe: the update's figure also holds reading the batch.
@@ -97,8 +97,8 @@ def _drift_note(ws: list[WorkloadResult]) -> list[str]:
         return []
     return [
         "the rollout's burn measured alone strayed from its target (" + "; ".join(strays) + "): the machine's "
-        "speed moved between the burn's calibration and these runs, so the update is not the workload's cost "
-        "either; compare the rows of one column"
+        "speed moved between the burn's calibration (at the workload's start) and these runs, so the update is "
+        "not the workload's cost either; compare the rows of one column"
     ]
 
 

@@ -29,7 +29,7 @@ from rich.table import Table
 from conduit.scheduling.model import Costs, predict
 from conduit.scheduling.profiler import INLINE, ProfileSettings, interleaved_medians, profile_workload
 from conduit.scheduling.space import Policy
-from conduit.synthetic import CostKind, SyntheticWorkload, standalone_costs
+from conduit.synthetic import DRIFT, CostKind, SyntheticWorkload, standalone_costs
 
 POLICIES = {"off": [Policy.OFF_POLICY], "on": [Policy.ON_POLICY], "both": [Policy.OFF_POLICY, Policy.ON_POLICY]}
 CHECK_ROUNDS = 3  # interleaved runs of the plan and of inline in the closing check (medians)
@@ -251,10 +251,6 @@ def _measured_line(measured: dict[str, Any], same: bool) -> str:
             + f"; {runs})"
         )
     return line + _drift_note(measured)
-
-
-#: how far rollout + update alone may move between the profile and its check before the output says so
-DRIFT = 0.15
 
 
 def _drift_note(measured: dict[str, Any]) -> str:

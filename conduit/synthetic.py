@@ -36,7 +36,11 @@ from conduit.scheduling.space import Policy, Schedule
 from conduit.scheduling.steady import period, steady_time
 from conduit.spec import ExperienceSpec
 
-__all__ = ["Burner", "CostKind", "LoopResult", "SyntheticWorkload", "run_loop"]
+__all__ = ["DRIFT", "Burner", "CostKind", "LoopResult", "SyntheticWorkload", "run_loop"]
+
+#: how far a burn measured alone may move — from its target, or between two measurements — before a report says
+#: the machine's speed moved (this host's jitter stays within it; its speed changes of 1.5x do not)
+DRIFT = 0.15
 
 
 class CostKind(str, Enum):

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from conduit.bench.report import TableData, Target
 from conduit.scheduling.space import Policy
-from conduit.synthetic import CostKind
+from conduit.synthetic import DRIFT, CostKind
 
 if TYPE_CHECKING:
     from conduit.bench.loop_results import ConfigResult, SyntheticResult, WorkloadResult
@@ -71,10 +71,6 @@ def _spread_note(ws: list[WorkloadResult]) -> list[str]:
         f"T_iter spread over the {len(spreads[0][2].configs[0].samples)} repeats "
         f"(max/min of the per-run times per iteration): median {mid:.2f}, worst {worst:.2f} ({name}, {_scope(w)})"
     ]
-
-
-#: how far the rollout measured alone may stray from its target before a table says so
-DRIFT = 0.15
 
 
 def _drift_note(ws: list[WorkloadResult]) -> list[str]:

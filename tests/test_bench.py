@@ -373,6 +373,11 @@ def test_cli_synthetic_json_on_a_tiny_loop() -> None:
     assert kinds["auto"]["t_iter_s"] > 0 and kinds["auto"]["schedule"] is not None
     assert (kinds["gear"]["unavailable"] is None) == doc["machine"]["cuda"]
     assert doc["targets"] and doc["targets"][0]["issue"] == 6
+    # each run's exposed latency can be recomputed from the run order and the alone costs measured around it
+    assert len(w["alone_s"]) == len(w["run_order"]) + 1
+    i = w["run_order"].index(kinds["inline"]["name"])
+    recomputed = kinds["inline"]["samples_s"][0] - (w["alone_s"][i] + w["alone_s"][i + 1]) / 2
+    assert kinds["inline"]["exposed_samples_s"][0] == pytest.approx(recomputed)
 
 
 def test_markdown_document_has_both_sections(tiny_result: MicroResult) -> None:

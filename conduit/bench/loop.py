@@ -255,8 +255,9 @@ def run_workload(
             alone.append(standalone_costs(w, ALONE_REPEATS))
     t_r = statistics.median(a for a, _ in alone)
     t_u = statistics.median(b for _, b in alone)
-    result = WorkloadResult(w, t_r, t_u, chosen)
-    exposed = bracketed_exposed(runs, [a + b for a, b in alone])
+    sums = [a + b for a, b in alone]
+    result = WorkloadResult(w, t_r, t_u, chosen, run_order=tuple(name for name, _ in runs), alone=tuple(sums))
+    exposed = bracketed_exposed(runs, sums)
     inline_exposed = statistics.median(exposed[configs[0].name])
     for c in configs:
         samples = tuple(t for name, t in runs if name == c.name)

@@ -147,6 +147,10 @@ class WorkloadResult:
     chosen: Prediction
     configs: list[ConfigResult] = field(default_factory=list)
     seconds: float = 0.0
+    #: every run's configuration in the order they ran, and rollout + update alone before the first and after each
+    #: (so both estimators of exposed latency can be recomputed from the JSON)
+    run_order: tuple[str, ...] = ()
+    alone: tuple[float, ...] = ()
 
     def config(self, kind: str) -> ConfigResult | None:
         return next((c for c in self.configs if c.kind == kind and c.unavailable is None), None)
@@ -165,6 +169,8 @@ class WorkloadResult:
             "t_update_s": self.t_update,
             "chosen": self.chosen.to_json(),
             "configs": [c.to_json() for c in self.configs],
+            "run_order": list(self.run_order),
+            "alone_s": list(self.alone),
             "seconds": self.seconds,
         }
 

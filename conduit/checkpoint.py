@@ -174,8 +174,13 @@ def _save_replay(rt: Conduit, buf: ReplayBuffer, out: Path) -> dict[str, Any]:
     arrays.update({f"sampler_{k}": np.asarray(v) for k, v in buf.sampler.state_dict().items()})
     np.savez(out / "state.npz", **arrays)
     dlv = rt.delivery
+    held: list[list[Any]] = []
+    pulls: list[int] = []
+    if dlv is not None:
+        with dlv.cond:  # staged batches can still be pulled while delivery is paused: take them and the count together
+            held, pulls = [list(q) for q in dlv.staged], list(dlv.pulls)
     staged = [[{"data": {k: v.cpu() for k, v in s.data.items()}, "info": _info_to_json(s.info)} for s in q]
-              for q in dlv.staged] if dlv is not None else []
+              for q in held]
     torch.save(staged, out / "staged.pt")
     _save_pending(rt, out)
     limiter = getattr(dlv, "limiter", None)
@@ -187,7 +192,7 @@ def _save_replay(rt: Conduit, buf: ReplayBuffer, out: Path) -> dict[str, Any]:
         "sampler": type(buf.sampler).__name__,
         "sampler_scalars": {k: v for k, v in buf.sampler.state_dict().items() if np.ndim(v) == 0},
         "rng": buf.rng.bit_generator.state,
-        "pulls": list(dlv.pulls) if dlv else [],
+        "pulls": pulls,
         "invocation": getattr(dlv, "_invocation", 0),
         "limiter": limiter.state() if limiter is not None else None,
     }
@@ -195,12 +200,16 @@ def _save_replay(rt: Conduit, buf: ReplayBuffer, out: Path) -> dict[str, Any]:
 
 def _save_pending(rt: Conduit, out: Path) -> None:
     ing = rt.ingestion
-    pieces = []
+    queued: list[Any] = []
+    pending_units = 0
     if ing is not None:
-        for p in ing.queue:
-            adopt(p.data, p.producers)  # a unit pushed from CUDA memory: after the actor's kernels that wrote it
-            pieces.append({"data": {k: v.cpu() for k, v in p.data.items()}, "rows": p.rows, "unit_end": p.unit_end})
-    torch.save({"pieces": pieces, "pending_units": ing.pending_units if ing else 0}, out / "pending.pt")
+        with ing.cond:  # pushes still queue while ingestion is paused: take the queue and its unit count together
+            queued, pending_units = list(ing.queue), ing.pending_units
+    pieces = []
+    for p in queued:
+        adopt(p.data, p.producers)  # a unit pushed from CUDA memory: after the actor's kernels that wrote it
+        pieces.append({"data": {k: v.cpu() for k, v in p.data.items()}, "rows": p.rows, "unit_end": p.unit_end})
+    torch.save({"pieces": pieces, "pending_units": pending_units}, out / "pending.pt")
 
 
 def _load_pending(rt: Conduit, where: Path) -> None:
@@ -218,7 +227,11 @@ def _load_pending(rt: Conduit, where: Path) -> None:
 
 def _save_iterations(rt: Conduit, buf: IterationBuffer) -> dict[str, Any]:
     ing0 = rt.ingestion
-    if buf.iterations or (ing0 is not None and (ing0.queue or ing0.pending_units)):
+    queued = False
+    if ing0 is not None:
+        with ing0.cond:
+            queued = bool(ing0.queue or ing0.pending_units)
+    if buf.iterations or queued:
         raise SemanticsError(
             f"an on-policy runtime is checkpointed between iterations; {len(buf.iterations)} iteration(s) "
             "are being collected or delivered"

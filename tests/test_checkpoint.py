@@ -237,3 +237,33 @@ def test_save_under_load_is_a_consistent_point(tmp_path):
             assert int((ids >= 0).sum()) == min(m["buffer"]["inserted"], 4096)
         stop.set()
         t.join()
+
+
+def test_a_push_while_the_queue_is_saved_lands_after_the_checkpoint(tmp_path, monkeypatch):
+    """Pushes go on queueing while a save holds ingestion still, so the save copies the queue at one point:
+    it once iterated the live queue and failed with "deque mutated during iteration" under a pushing actor."""
+    from conduit import checkpoint
+
+    edp = make(schedule=Schedule(Mode(True, 2), Mode(True, 2)), capacity=4096)
+    pushed_during_save = []
+    real_adopt = checkpoint.adopt
+
+    def adopt_then_push(data, producers):  # an actor's push lands while the save walks the queue
+        real_adopt(data, producers)
+        if not pushed_during_save:
+            pushed_during_save.append(True)
+            edp.push(transitions(8, start=800))
+
+    with edp:
+        edp.push(transitions(8))  # one unit of a group of two: it waits in the queue
+        monkeypatch.setattr(checkpoint, "adopt", adopt_then_push)
+        edp.save(tmp_path / "ckpt")
+        monkeypatch.setattr(checkpoint, "adopt", real_adopt)
+        assert pushed_during_save
+        edp.flush()
+        assert edp.stats().ingested_rows == 16  # the runtime itself lost nothing
+    saved = torch.load(tmp_path / "ckpt" / "pending.pt", weights_only=True)
+    assert saved["pending_units"] == 1 and sum(p["rows"] for p in saved["pieces"]) == 8
+    with Conduit.from_checkpoint(tmp_path / "ckpt") as b:  # the checkpoint is the point before that push
+        b.flush()
+        assert b.stats().ingested_rows == 8

@@ -19,7 +19,11 @@ aside copy when the rename did not finish), and never a half-written one.
 The runtime is quiesced while its state is captured: both paths pause between
 invocations, so the checkpoint is one consistent point of the run; units
 pushed but not yet ingested are saved as such (acknowledged data is never
-lost) and ingested after a restore exactly when they would have been. A
+lost) and ingested after a restore exactly when they would have been.
+Learners can still take staged batches and update priorities meanwhile: what
+those change (staged batches, pull counts, the rate limiter, rows' sample
+counts, sampler state) is read at one instant, with no pull between taking a
+batch and counting its rows (``Delivery.settled``). A
 restored runtime continues where the saved one stopped — with the same seed
 its sample sequence equals an uninterrupted run's — on any device or
 placement (pass another ``storage_device`` or storage policy).
@@ -30,6 +34,7 @@ once; RLlib does not checkpoint it either).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -167,34 +172,42 @@ def _write_state(rt: Conduit, out: Path) -> dict[str, Any]:
 
 
 def _save_replay(rt: Conduit, buf: ReplayBuffer, out: Path) -> dict[str, Any]:
-    table = buf.table
-    rows = buf.storage.read(0, table.high) if buf.storage is not None and table.high else {}
-    torch.save({k: v.cpu() for k, v in rows.items()}, out / "rows.pt")
-    arrays = {f"table_{k}": v for k, v in table.state().items() if isinstance(v, np.ndarray)}
-    arrays.update({f"sampler_{k}": np.asarray(v) for k, v in buf.sampler.state_dict().items()})
-    np.savez(out / "state.npz", **arrays)
     dlv = rt.delivery
-    held: list[list[Any]] = []
-    pulls: list[int] = []
-    if dlv is not None:
-        with dlv.cond:  # staged batches can still be pulled while delivery is paused: take them and the count together
-            held, pulls = [list(q) for q in dlv.staged], list(dlv.pulls)
+    limiter = getattr(dlv, "limiter", None)
+    # Staged batches can still be pulled while delivery is paused, and a learner can update priorities:
+    # the counts a pull changes (staged, pull counts, limiter, rows' sample counts) are read at one point,
+    # with no pull between taking a batch and counting it, and the buffer's state under its lock.
+    with dlv.settled() if dlv is not None else contextlib.nullcontext():
+        held = [list(q) for q in dlv.staged] if dlv is not None else []
+        pulls = list(dlv.pulls) if dlv is not None else []
+        invocation = getattr(dlv, "_invocation", 0)
+        limits = limiter.state() if limiter is not None else None
+        with buf.lock:
+            table = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in buf.table.state().items()}
+            sampler = {k: np.array(v, copy=True) for k, v in buf.sampler.state_dict().items()}
+            rng = buf.rng.bit_generator.state
+            inserted, evicted = buf.inserted, buf.evicted_by_sampling
+    # the rows themselves change only while ingesting (paused), so they are copied without holding up pulls
+    rows = buf.storage.read(0, buf.table.high) if buf.storage is not None and buf.table.high else {}
+    torch.save({k: v.cpu() for k, v in rows.items()}, out / "rows.pt")
+    arrays = {f"table_{k}": v for k, v in table.items() if isinstance(v, np.ndarray)}
+    arrays.update({f"sampler_{k}": v for k, v in sampler.items()})
+    np.savez(out / "state.npz", **arrays)
     staged = [[{"data": {k: v.cpu() for k, v in s.data.items()}, "info": _info_to_json(s.info)} for s in q]
               for q in held]
     torch.save(staged, out / "staged.pt")
     _save_pending(rt, out)
-    limiter = getattr(dlv, "limiter", None)
     return {
         "kind": "replay",
-        "inserted": buf.inserted,
-        "evicted_by_sampling": buf.evicted_by_sampling,
-        "table": {k: v for k, v in table.state().items() if not isinstance(v, np.ndarray)},
+        "inserted": inserted,
+        "evicted_by_sampling": evicted,
+        "table": {k: v for k, v in table.items() if not isinstance(v, np.ndarray)},
         "sampler": type(buf.sampler).__name__,
-        "sampler_scalars": {k: v for k, v in buf.sampler.state_dict().items() if np.ndim(v) == 0},
-        "rng": buf.rng.bit_generator.state,
+        "sampler_scalars": {k: v.item() for k, v in sampler.items() if v.ndim == 0},
+        "rng": rng,
         "pulls": pulls,
-        "invocation": getattr(dlv, "_invocation", 0),
-        "limiter": limiter.state() if limiter is not None else None,
+        "invocation": invocation,
+        "limiter": limits,
     }
 
 

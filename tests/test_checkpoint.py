@@ -267,3 +267,44 @@ def test_a_push_while_the_queue_is_saved_lands_after_the_checkpoint(tmp_path, mo
     with Conduit.from_checkpoint(tmp_path / "ckpt") as b:  # the checkpoint is the point before that push
         b.flush()
         assert b.stats().ingested_rows == 8
+
+
+@pytest.mark.parametrize("delivery", [Mode(True, 2), Mode(False, 1)], ids=["staged", "direct"])
+def test_a_pull_being_counted_when_the_save_starts_is_wholly_in_the_checkpoint(tmp_path, monkeypatch, delivery):
+    """A pull takes its batch and then counts its rows as sampled (the rate limiter, ``max_times_sampled``).
+    A save that read the counts between the two once kept the pull's index but not its rows: restored,
+    the limiter let the learners take one batch more than the ratio allows."""
+    import threading
+
+    edp = make(
+        schedule=Schedule(Mode(False, 1), delivery), capacity=4096, max_times_sampled=50,
+        rate_limit={"samples_per_insert": 1.0, "tolerance": 1000.0},
+    )
+    with edp:
+        edp.push(transitions(64))
+        edp.pull()
+        inside, go = threading.Event(), threading.Event()
+        real = edp.delivery._on_pulled
+
+        def slow_count(*args, **kwargs):  # the second pull stops between taking its batch and counting it
+            inside.set()
+            assert go.wait(5.0)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(edp.delivery, "_on_pulled", slow_count)
+        puller = threading.Thread(target=edp.pull)
+        puller.start()
+        assert inside.wait(5.0)
+        saver = threading.Thread(target=edp.save, args=(tmp_path / "ckpt",))
+        saver.start()
+        saver.join(0.3)
+        assert saver.is_alive(), "the save read the counts while a pull was between taking and counting its batch"
+        go.set()
+        puller.join(5.0)
+        saver.join(5.0)
+        assert not saver.is_alive() and not puller.is_alive()
+    _, m = read_manifest(tmp_path / "ckpt")
+    pulled_rows = 4 * sum(m["buffer"]["pulls"])
+    assert pulled_rows == 8
+    assert m["buffer"]["limiter"]["samples"] == pulled_rows
+    assert int(np.load(tmp_path / "ckpt" / "state.npz")["table_times_sampled"].sum()) == pulled_rows

@@ -71,6 +71,7 @@ class DeliveryPath(ABC):
         self.cond = threading.Condition()
         self.staged: list[deque[_Staged]] = [deque() for _ in self.devices]
         self.pulls = [0] * self.num_learners
+        self.handing = 0  # batches popped from staging whose accounting (_on_pulled) has not run yet
         self._busy = [False] * self.num_learners
         self._data_waiters = 0  # threads waiting for buffer data (worker or inline pulls)
         self._paused = False
@@ -234,9 +235,15 @@ class DeliveryPath(ABC):
                     self.stats.wait_s += time.perf_counter() - t_wait
                 item, index = self._pop(learner)
                 self.cond.notify_all()
-        handoff(item.data, item.event)
-        info = BatchInfo(pull_index=index, version_at_delivery=self._version(), **item.info)  # type: ignore[arg-type]
-        self._on_pulled(learner, info)
+        try:
+            handoff(item.data, item.event)
+            info = BatchInfo(pull_index=index, version_at_delivery=self._version(), **item.info)  # type: ignore[arg-type]
+            self._on_pulled(learner, info)
+        finally:
+            with self.cond:
+                self.handing -= 1
+                if not self.handing:
+                    self.cond.notify_all()  # a checkpoint may wait for the counts to settle (settled())
         self.stats.pull_s += time.perf_counter() - t0
         return Batch(item.data, info)
 
@@ -245,10 +252,11 @@ class DeliveryPath(ABC):
         return None
 
     def _pop(self, learner: int) -> tuple[_Staged, int]:
-        """Take the next staged batch (caller holds cond)."""
+        """Take the next staged batch (caller holds cond; the caller's pull owes ``handing`` its decrement)."""
         item = self.staged[learner].popleft()
         index = self.pulls[learner]
         self.pulls[learner] += 1
+        self.handing += 1
         self.stats.pulls += 1
         self.stats.delivered_rows += len(item.info["indices"])  # type: ignore[arg-type]
         return item, index
@@ -285,6 +293,23 @@ class DeliveryPath(ABC):
             for lock in self._invoke_locks:
                 stack.enter_context(lock)
             stack.enter_context(hold_still(self, lambda: not any(self._busy), timeout, "delivery to pause"))
+            yield
+
+    @contextlib.contextmanager
+    def settled(self, timeout: float | None = None) -> Iterator[None]:
+        """Hold ``cond`` with every handed-out batch accounted for (a point where the counts agree).
+
+        A pull takes a staged batch under ``cond`` and then, outside it, counts
+        the rows as sampled (the rate limiter, ``max_times_sampled``). Inside
+        this block no batch is between the two, and none can be taken: what
+        is staged, the pull counts, the limiter and the rows' sample counts
+        describe one point. For checkpoints, with delivery :meth:`paused`.
+        """
+        timeout = self.timeout if timeout is None else timeout
+        with self.cond:
+            wait_until(
+                self.cond, lambda: not self.handing, timeout, self.failure, lambda: "handed-out batches to be counted"
+            )
             yield
 
     def set_mode(self, mode: Mode, timeout: float | None = None) -> None:

@@ -120,14 +120,16 @@ class ReplayDelivery(DeliveryPath):
                 ]
                 with self.cond:
                     self.staged[learner].extend(rest)
-        indices, ids, weights = s.indices, s.ids, s.weights
-        if g > 1:  # the first batch's rows
-            indices, ids, weights = indices[:n], ids[:n], None if weights is None else weights[:n]
-        info = BatchInfo(
-            learner, index, index, s.version, invocation, None, None, None, False, indices, ids, weights,
-            mode, buffer.inserted,
-        )
-        self._on_pulled(learner, info, reserved=False)
+            indices, ids, weights = s.indices, s.ids, s.weights
+            if g > 1:  # the first batch's rows
+                indices, ids, weights = indices[:n], ids[:n], None if weights is None else weights[:n]
+            info = BatchInfo(
+                learner, index, index, s.version, invocation, None, None, None, False, indices, ids, weights,
+                mode, buffer.inserted,
+            )
+            # counted before the invocation lock goes: a checkpoint (which pauses delivery by taking the
+            # lock) then never sees this pull's index without its rows counted as sampled
+            self._on_pulled(learner, info, reserved=False)
         return Batch(parts[0], info)
 
     def _sample_batches(self, learner: int, g: int) -> tuple[list[dict[str, torch.Tensor]], Sampled]:

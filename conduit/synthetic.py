@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
@@ -36,7 +36,18 @@ from conduit.scheduling.space import Policy, Schedule
 from conduit.scheduling.steady import period, steady_time
 from conduit.spec import ExperienceSpec
 
-__all__ = ["DRIFT", "Burner", "CostKind", "LoopResult", "SyntheticWorkload", "run_loop"]
+__all__ = [
+    "DRIFT",
+    "Burner",
+    "CostKind",
+    "LoopResult",
+    "SyntheticWorkload",
+    "bracketed_exposed",
+    "run_loop",
+    "standalone_costs",
+]
+
+K = TypeVar("K")
 
 #: how far a burn measured alone may move — from its target, or between two measurements — before a report says
 #: the machine's speed moved (this host's jitter stays within it; its speed changes of 1.5x do not)
@@ -299,3 +310,23 @@ def standalone_costs(workload: SyntheticWorkload, repeats: int = 15) -> tuple[fl
     t_r = timed(lambda: [burner.burn(workload.rollout_ms) for _ in range(workload.rollouts_per_iteration)])
     t_u = timed(lambda: [(burner.burn(workload.update_ms), _touch(batch)) for _ in range(steps)])
     return t_r, t_u
+
+
+def bracketed_exposed(runs: Sequence[tuple[K, float]], alone: Sequence[float]) -> dict[K, list[float]]:
+    """Each run's exposed latency against the rollout + update measured alone right before and right after it.
+
+    ``runs`` are ``(configuration, time per iteration)`` in the order they ran (a configuration is any key) and
+    ``alone[i]``, ``alone[i + 1]`` the alone costs measured just before and just
+    after run ``i`` (so ``len(alone) == len(runs) + 1``). This host's speed moves
+    within seconds (100 matmuls of 256x256: 0.21 ms each in some stretches,
+    0.33 in others), by more than a compute-bound loop's exposed latency; alone
+    costs taken once per repeat charged a run made in a slow stretch to the
+    experience path (in run Q one schedule cut 33% as the plan and 88% as the
+    "overlap g=1" row of the same run).
+    """
+    if len(alone) != len(runs) + 1:
+        raise ValueError(f"{len(runs)} runs need {len(runs) + 1} alone measurements around them, got {len(alone)}")
+    out: dict[K, list[float]] = {}
+    for i, (name, t) in enumerate(runs):
+        out.setdefault(name, []).append(t - (alone[i] + alone[i + 1]) / 2)
+    return out

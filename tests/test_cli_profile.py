@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from fractions import Fraction
 
+import pytest
 from conduit.cli.main import app
 from typer.testing import CliRunner
 
@@ -125,3 +126,38 @@ def test_interleaved_medians_runs_between_after_every_round(monkeypatch):
     medians = profiler.interleaved_medians(None, ["a", "b"], 3, 1, 0, pool=[], between=lambda: log.append("|"))
     assert log == ["a", "b", "|", "b", "a", "|", "a", "b", "|"]  # alternating order, `between` closing each round
     assert set(medians) == {"a", "b"}
+
+
+def test_verification_judges_each_run_against_the_costs_alone_around_it(monkeypatch):
+    """The host slows down halfway through the rounds (rollout + update alone 10 -> 15 ms), by more than the
+    schedules differ: raw medians rank the slower schedule first (more of its runs fell in the slow half); runs
+    judged against rollout + update timed alone right before and after them do not."""
+    from types import SimpleNamespace
+
+    from conduit.scheduling import profiler
+
+    excess = {"inline": 1.5, "overlap": 0.3}  # ms each schedule adds to rollout + update
+    runs: list[str] = []
+    alones: list[int] = []
+
+    def speed(tick: int) -> float:  # one tick per run or alone timing: run k at 2k + 1, the timings around it
+        return 10.0 if tick <= 10 else 15.0  # at 2k and 2k + 2
+
+    def loop(workload, schedule, iterations, warmup, pool):
+        runs.append(schedule)
+        return SimpleNamespace(steady=(speed(2 * len(runs) - 1) + excess[schedule]) * 1e-3)
+
+    def alone(workload, repeats):
+        alones.append(len(runs))
+        t = speed(2 * (len(alones) - 1)) * 1e-3
+        return 0.2 * t, 0.8 * t
+
+    monkeypatch.setattr(profiler, "run_loop", loop)
+    monkeypatch.setattr(profiler, "standalone_costs", alone)
+    args = (None, ["inline", "overlap"], 5, 1, 0)
+    raw = profiler.interleaved_medians(*args, pool=[])
+    assert raw["inline"] < raw["overlap"]  # 11.5 against 15.3 ms: what the slowdown makes of raw times
+    runs.clear()
+    judged = profiler.interleaved_medians(*args, pool=[], bracket_repeats=3, level=0.01)
+    assert alones == list(range(11))  # before the first run, then after each
+    assert judged == pytest.approx({"inline": 0.0115, "overlap": 0.0103})

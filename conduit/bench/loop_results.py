@@ -11,7 +11,7 @@ from typing import Any
 
 from conduit.scheduling.model import Prediction
 from conduit.scheduling.space import Policy, Schedule
-from conduit.synthetic import CostKind, SyntheticWorkload
+from conduit.synthetic import CostKind, SyntheticWorkload, bracketed_exposed
 
 __all__ = [
     "ConfigResult",
@@ -117,26 +117,6 @@ class ConfigResult:
             "exposed_samples_s": list(self.exposed_samples),
             "unavailable": self.unavailable,
         }
-
-
-def bracketed_exposed(runs: list[tuple[str, float]], alone: list[float]) -> dict[str, list[float]]:
-    """Each run's exposed latency against the rollout + update measured alone right before and right after it.
-
-    ``runs`` are ``(configuration, time per iteration)`` in the order they ran and
-    ``alone[i]``, ``alone[i + 1]`` the alone costs measured just before and just
-    after run ``i`` (so ``len(alone) == len(runs) + 1``). This host's speed moves
-    within seconds (100 matmuls of 256x256: 0.21 ms each in some stretches,
-    0.33 in others), by more than a compute-bound loop's exposed latency; alone
-    costs taken once per repeat charged a run made in a slow stretch to the
-    experience path (in run Q one schedule cut 33% as the plan and 88% as the
-    "overlap g=1" row of the same run).
-    """
-    if len(alone) != len(runs) + 1:
-        raise ValueError(f"{len(runs)} runs need {len(runs) + 1} alone measurements around them, got {len(alone)}")
-    out: dict[str, list[float]] = {}
-    for i, (name, t) in enumerate(runs):
-        out.setdefault(name, []).append(t - (alone[i] + alone[i + 1]) / 2)
-    return out
 
 
 @dataclass

@@ -22,7 +22,10 @@
   measurement settles the rest. The inline schedule is measured with them,
   so a plan must beat it by more than the margin, and any plan but inline
   meets it (and the model's minimum) again in fresh rounds first
-  (:func:`rematch`): the luckiest of a few noisy runs is not a plan.
+  (:func:`rematch`): the luckiest of a few noisy runs is not a plan. Each
+  verification run is judged against rollout and update timed alone right
+  before and after it, so the host's speed moving between runs does not
+  decide the ranking (:func:`interleaved_medians`).
 
 Everything is bounded: a handful of invocations per granularity and a few dozen
 loop iterations per calibration run.
@@ -45,7 +48,7 @@ from conduit.runtime import Conduit
 from conduit.scheduling.model import Costs, Prediction, coarseness, predict, rank
 from conduit.scheduling.space import Mode, Policy, Schedule, delivery_space, feasible_schedules, ingestion_space
 from conduit.storage.policy import StoragePolicy
-from conduit.synthetic import SyntheticWorkload, run_loop, standalone_costs
+from conduit.synthetic import SyntheticWorkload, bracketed_exposed, run_loop, standalone_costs
 
 __all__ = [
     "INLINE",
@@ -81,6 +84,9 @@ class ProfileSettings:
     verify_rounds: int = 2
     probe_every_granularity: bool = True  # calibrate overlap at every granularity, not only the finest and coarsest
     verify_margin: float = 0.03  # measured times this close to the fastest are ties (see settle)
+    #: rollout and update are timed alone (this many repeats) before and after each verification run, and each run
+    #: is judged against the two (see interleaved_medians); 0 judges raw times
+    bracket_repeats: int = 7
     scratch_bytes: int = 256 << 20  # scratch replay buffers hold at most this much
 
     @classmethod
@@ -387,8 +393,13 @@ def profile_workload(
     baseline = INLINE if settings.verify_top > 0 else None
     if baseline is not None and baseline not in top:
         top.append(baseline)  # a plan must beat what the user runs without one (settle)
-    verified = verify(workload, top, settings=settings, progress=progress, pool=pool) if len(top) > 1 else {}
-    verified = rematch(workload, ranked, verified, settings=settings, progress=progress, pool=pool, baseline=baseline)
+    level = costs.t_rollout + costs.t_update  # one level for the shortlist's times and the rematch's
+    verified = {}
+    if len(top) > 1:
+        verified = verify(workload, top, settings=settings, progress=progress, pool=pool, level=level)
+    verified = rematch(
+        workload, ranked, verified, settings=settings, progress=progress, pool=pool, baseline=baseline, level=level
+    )
     return ProfileResult(costs, calib, time.perf_counter() - t0, ranked, verified, settings.verify_margin)
 
 
@@ -428,6 +439,7 @@ def rematch(
     progress: Progress | None = None,
     pool: list[dict[str, torch.Tensor]] | None = None,
     baseline: Schedule | None = None,
+    level: float | None = None,
 ) -> dict[Schedule, float]:
     """``verified`` with fresh times for the plan :func:`settle` picks, and for what it beat, until they agree.
 
@@ -459,7 +471,7 @@ def rematch(
             interleaved_medians(
                 workload, list(dict.fromkeys(s for s in (baseline, own, plan) if s is not None)),
                 settings.verify_rounds, settings.loop_iterations, settings.loop_warmup,
-                pool=pool, progress=progress, label="rematch ",
+                pool=pool, progress=progress, label="rematch ", bracket_repeats=settings.bracket_repeats, level=level,
             )
         )
 
@@ -498,12 +510,15 @@ def verify(
     settings: ProfileSettings = ProfileSettings(),
     progress: Progress | None = None,
     pool: list[dict[str, torch.Tensor]] | None = None,
+    level: float | None = None,
 ) -> dict[Schedule, float]:
-    """Median ``T_iter`` of each schedule on the real loop, ``verify_rounds`` interleaved rounds."""
+    """Median ``T_iter`` of each schedule on the real loop, ``verify_rounds`` interleaved rounds, each run judged
+    against rollout and update timed alone around it (``settings.bracket_repeats``; ``level``: see
+    :func:`interleaved_medians`)."""
     pool = workload.units() if pool is None else pool
     return interleaved_medians(
         workload, schedules, settings.verify_rounds, settings.loop_iterations, settings.loop_warmup,
-        pool=pool, progress=progress, label="verifying ",
+        pool=pool, progress=progress, label="verifying ", bracket_repeats=settings.bracket_repeats, level=level,
     )
 
 
@@ -518,6 +533,8 @@ def interleaved_medians(
     progress: Progress | None = None,
     label: str = "",
     between: Callable[[], object] | None = None,
+    bracket_repeats: int = 0,
+    level: float | None = None,
 ) -> dict[Schedule, float]:
     """``T_iter`` of each schedule: the median over ``rounds`` interleaved runs of the loop of each run's
     steady time per iteration (:attr:`~conduit.synthetic.LoopResult.steady`: whole periods, not the median iteration).
@@ -526,13 +543,29 @@ def interleaved_medians(
     neighbour's job starting) does not favour whichever runs first, and one
     burst of load lands on no schedule twice. ``between`` runs after each round
     (a measurement that must see the same drift, such as the costs alone).
+
+    With ``bracket_repeats``, rollout and update are also timed alone right
+    before the first run and after each, and a run counts as ``level`` (default:
+    the median of those alone times) plus what it took beyond the mean of the
+    two around it (:func:`~conduit.synthetic.bracketed_exposed`). This host's
+    speed moves within seconds by more than the differences ranked here: in one
+    profile at dim 1,000 the loop's rollout and update alone took 15 ms for a
+    10 ms workload, raw times ranked inline first, and the overlapped schedule
+    then exposed 87% less than inline in the same slow state.
     """
-    samples: dict[Schedule, list[float]] = {s: [] for s in schedules}
+    bracket = bracket_repeats > 0
+    runs: list[tuple[Schedule, float]] = []
+    alone = [sum(standalone_costs(workload, bracket_repeats))] if bracket else []
     for r in range(max(1, rounds)):
         for s in schedules if r % 2 == 0 else list(reversed(schedules)):
             if progress:
                 progress(f"{label}{s}")
-            samples[s].append(run_loop(workload, s, iterations, warmup, pool=pool).steady)
+            runs.append((s, run_loop(workload, s, iterations, warmup, pool=pool).steady))
+            if bracket:
+                alone.append(sum(standalone_costs(workload, bracket_repeats)))
         if between is not None:
             between()
-    return {s: statistics.median(v) for s, v in samples.items()}
+    if not bracket:
+        return {s: statistics.median(t for x, t in runs if x == s) for s in schedules}
+    base = statistics.median(alone) if level is None else level
+    return {s: base + statistics.median(v) for s, v in bracketed_exposed(runs, alone).items()}

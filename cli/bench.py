@@ -263,7 +263,9 @@ def synthetic(
     minibatches: int = typer.Option(4, min=1, help="On-policy mini-batches per epoch (M)."),
     iterations: int = typer.Option(15, min=1, help="Timed iterations per run."),
     warmup: int = typer.Option(3, min=0, help="Untimed iterations per run."),
-    repeats: int = typer.Option(5, min=1, help="Interleaved repeats of every configuration; medians are reported."),
+    repeats: int = typer.Option(
+        SyntheticSettings.repeats, min=1, help="Interleaved repeats of every configuration; medians are reported."
+    ),
     g_max: int = typer.Option(4, min=1, max=16, help="Cap on off-policy granularities."),
     threads: int = typer.Option(1, min=0, help="torch intra-op threads of the learner (0: torch's default)."),
     as_json: bool = typer.Option(False, "--json", help="Write machine-readable JSON to stdout."),

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Reproduce every table in BENCHMARKS.md with one command (from a source checkout):
-#   1. conduit bench all   — micro-benchmark, synthetic loop, cost-model validation (~25-30 min on 2 cores),
+#   1. conduit bench all   — micro-benchmark, synthetic loop, cost-model validation (~47 min on 2 cores),
 #      then the micro-benchmark once more with one transition per push (~3 min)
-#   2. the RLlib tables    — DQN convergence on CartPole, large observations, DQN/PPO side by side (~15 min)
+#   2. the RLlib tables    — DQN convergence on CartPole, large observations, DQN/PPO side by side (~13 min)
 # Sets up .venv with the bench and rllib extras first (scripts/bootstrap.sh). Writes the tables, in the
 # order of BENCHMARKS.md, to OUT (default bench-results.md) and the figures next to it.
 #   scripts/bench-all.sh [OUT.md] [--only-rllib | --no-rllib]

@@ -40,7 +40,8 @@ class SyntheticSettings:
     warmup: int = 3
     #: 15: at dim 1,000 a run's exposed latency scatters by +-2 ms around a difference of ~1.2 ms between inline and
     #: overlap (the host's speed moves within a run); with 5 the "overlap g=1" row's median cut 0-71% over four runs
-    #: (the plan's 44-114%), with 15 77-87% over three
+    #: (the plan's 44-114%), with 15 77-87% over three, then 4-85% over four more in a noisier hour: fewer repeats
+    #: than this leave the median to chance, more would not make this host quiet
     repeats: int = 15
     g_max: int = 4
     seed: int = 0

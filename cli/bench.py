@@ -30,7 +30,8 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from conduit.bench.document import machine_line, markdown_document
-from conduit.bench.loop import SyntheticResult, SyntheticSettings, run_synthetic
+from conduit.bench.loop import run_synthetic
+from conduit.bench.loop_results import SyntheticResult, SyntheticSettings
 from conduit.bench.micro import ALL_PEERS, MicroResult, MicroSettings, run_micro
 from conduit.bench.peers import PEERS
 from conduit.bench.report import TableData, micro_tables

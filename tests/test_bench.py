@@ -14,8 +14,7 @@ from conduit.cli.main import app
 from typer.testing import CliRunner
 
 from conduit.bench import peers as peers_mod
-from conduit.bench.loop import ConfigResult, SyntheticResult, SyntheticSettings, WorkloadResult, workloads
-from conduit.bench.loop_results import bracketed_exposed
+from conduit.bench.loop_results import ConfigResult, SyntheticResult, SyntheticSettings, WorkloadResult, workloads
 from conduit.bench.micro import CaseResult, DimResult, MicroResult, MicroSettings, capacity_for, run_micro
 from conduit.bench.peers import MicroData, Missing, Op, Role, Sampling, load_peer
 from conduit.bench.peers_conduit import SharedStorage, micro_spec
@@ -24,7 +23,7 @@ from conduit.bench.report_loop import loop_tables, loop_targets
 from conduit.bench.timing import Stat, interleaved
 from conduit.scheduling.model import Prediction
 from conduit.scheduling.space import Mode, Policy, Schedule
-from conduit.synthetic import CostKind, SyntheticWorkload
+from conduit.synthetic import CostKind, SyntheticWorkload, bracketed_exposed
 
 TINY = MicroSettings(
     dims=(8,),

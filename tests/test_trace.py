@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from conduit.bench.loop import LoopConfig, loop_callables, runtime_factory
+from conduit.bench.loop import loop_callables, runtime_factory
+from conduit.bench.loop_results import LoopConfig
 from conduit.scheduling.space import Mode, Policy, Schedule
 from conduit.storage import FixedStorage
 from conduit.synthetic import CostKind, SyntheticWorkload, run_loop

@@ -18,7 +18,8 @@ when a benchmark asks for them; one that is missing is reported, not dropped.
 
 from __future__ import annotations
 
-from conduit.bench.loop import SyntheticResult, SyntheticSettings, run_synthetic
+from conduit.bench.loop import run_synthetic
+from conduit.bench.loop_results import SyntheticResult, SyntheticSettings
 from conduit.bench.micro import MicroResult, MicroSettings, run_micro
 from conduit.bench.peers import Missing
 

@@ -27,7 +27,7 @@ actor/learner loop (:func:`conduit.synthetic.run_loop`) in interleaved repeats:
 
 Exposed experience-path latency is ``T_iter - T_rollout - T_update`` with the
 rollout and update costs measured alone (``standalone_costs``) right before and
-right after each run (:func:`~conduit.bench.loop_results.bracketed_exposed`: the
+right after each run (:func:`~conduit.synthetic.bracketed_exposed`: the
 host's speed moves within seconds), the median over a configuration's runs.
 """
 
@@ -48,7 +48,6 @@ from conduit.bench.loop_results import (
     SyntheticResult,
     SyntheticSettings,
     WorkloadResult,
-    bracketed_exposed,
     workloads,
 )
 from conduit.bench.timing import torch_threads
@@ -58,19 +57,14 @@ from conduit.scheduling.model import predict
 from conduit.scheduling.profiler import ProfileSettings, profile_workload
 from conduit.scheduling.space import Mode, Policy, Schedule
 from conduit.storage import FixedStorage, StoragePolicy
-from conduit.synthetic import Burner, CostKind, SyntheticWorkload, run_loop, standalone_costs
+from conduit.synthetic import Burner, CostKind, SyntheticWorkload, bracketed_exposed, run_loop, standalone_costs
 from conduit.trace import Tracer
 
+# the settings and result records live in conduit.bench.loop_results
 __all__ = [
-    "ConfigResult",
-    "LoopConfig",
-    "SyntheticResult",
-    "SyntheticSettings",
-    "WorkloadResult",
     "auto_storage",
     "run_synthetic",
     "run_workload",
-    "workloads",
 ]
 
 Progress = Callable[[int, int, str], None]

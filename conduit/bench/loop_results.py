@@ -11,7 +11,7 @@ from typing import Any
 
 from conduit.scheduling.model import Prediction
 from conduit.scheduling.space import Policy, Schedule
-from conduit.synthetic import CostKind, SyntheticWorkload, bracketed_exposed
+from conduit.synthetic import CostKind, SyntheticWorkload
 
 __all__ = [
     "ConfigResult",
@@ -19,7 +19,6 @@ __all__ = [
     "SyntheticResult",
     "SyntheticSettings",
     "WorkloadResult",
-    "bracketed_exposed",
     "workloads",
 ]
 

@@ -29,6 +29,7 @@ from rich.table import Table
 from conduit.scheduling.model import Costs, predict
 from conduit.scheduling.profiler import INLINE, ProfileSettings, interleaved_medians, profile_workload
 from conduit.scheduling.space import Policy
+from conduit.storage import streaming
 from conduit.synthetic import DRIFT, CostKind, SyntheticWorkload, standalone_costs
 
 POLICIES = {"off": [Policy.OFF_POLICY], "on": [Policy.ON_POLICY], "both": [Policy.OFF_POLICY, Policy.ON_POLICY]}
@@ -48,6 +49,7 @@ def machine_info() -> dict[str, Any]:
         "cpu_count": torch.get_num_threads(),
         "platform": platform.platform(),
         "gpus": gpus,
+        "streaming_writes": streaming.AVAILABLE,
     }
 
 
@@ -179,7 +181,11 @@ def _costs_json(c: Costs) -> dict[str, Any]:
 
 def _print_machine(console: Console, m: dict[str, Any]) -> None:
     gpus = ", ".join(m["gpus"]) or "none"
-    console.print(f"[bold]Conduit profile[/bold]  torch {m['torch']}, {m['cpu_count']} CPU threads, GPUs: {gpus}")
+    ring = "non-temporal" if m["streaming_writes"] else "cached (conduit._stream not built)"
+    console.print(
+        f"[bold]Conduit profile[/bold]  torch {m['torch']}, {m['cpu_count']} CPU threads, GPUs: {gpus}; "
+        f"replay-ring writes: {ring}"
+    )
 
 
 def _print_profile(console, label, w, costs, ranked, chosen, baseline, measured, verified) -> None:  # type: ignore[no-untyped-def]

@@ -143,8 +143,17 @@ class ReplayBuffer:
     def _allocate(self, example: Mapping[str, torch.Tensor]) -> None:
         if self._specs.spec is None:
             self._specs.spec = ExperienceSpec.infer(example, self._specs.growable)
-        self.storage = self.policy.create(self._specs.spec, self.capacity)
-        self._order = StreamOrder(self.storage.devices)
+        self.use_storage(self.policy.create(self._specs.spec, self.capacity))
+
+    def use_storage(self, storage: Storage) -> None:
+        """Hold rows in ``storage`` from now on (new, migrated or restored; caller holds the lock once running).
+
+        A ring's rows are read back long after they are written, so its large writes
+        bypass the caches where the storage can (:mod:`conduit.storage.streaming`).
+        """
+        storage.set_streaming(True)
+        self.storage = storage
+        self._order = StreamOrder(storage.devices)
 
     def _maybe_grow(self, tensors: Mapping[str, torch.Tensor]) -> None:
         assert self._specs.spec is not None and self.storage is not None
@@ -164,9 +173,8 @@ class ReplayBuffer:
             if self.storage is None:
                 self._specs.spec = spec
                 return
-            self.storage = self.policy.migrate(self.storage, spec, self.table.high)  # may raise: spec unchanged
+            self.use_storage(self.policy.migrate(self.storage, spec, self.table.high))  # may raise: spec unchanged
             self._specs.spec = spec
-            self._order = StreamOrder(self.storage.devices)
             self.migrations += 1
 
     # -- reads ----------------------------------------------------------------

@@ -340,12 +340,10 @@ def _load_replay(rt: Conduit, where: Path, manifest: dict[str, Any], state: dict
         if manifest["spec"] is not None:
             spec = ExperienceSpec.from_json(manifest["spec"])
             buf._specs.spec = spec
-            buf.storage = buf.policy.create(spec, buf.capacity)
-            from conduit.executor import StreamOrder
-
-            buf._order = StreamOrder(buf.storage.devices)
+            storage = buf.policy.create(spec, buf.capacity)
+            buf.use_storage(storage)
             if rows:
-                buf.storage.write(0, rows)
+                storage.write(0, rows)
         table_state = {k: v for k, v in state["table"].items()}
         table_state.update({k[len("table_"):]: arrays[k] for k in arrays.files if k.startswith("table_")})
         buf.table.load(table_state)

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from conduit.storage import streaming
+
 __all__ = ["PEER_PACKAGES", "cpu_model", "machine_info", "memcpy_bandwidth", "package_version"]
 
 #: the packages of the optional ``bench`` extra
@@ -79,4 +81,5 @@ def machine_info() -> dict[str, Any]:
         else [],
         "peers": {name: package_version(name) for name in PEER_PACKAGES},
         "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "streaming_writes": streaming.AVAILABLE,  # replay-ring writes with non-temporal stores (conduit._stream)
     }

@@ -76,6 +76,13 @@ class _Handle(Storage):
     def devices(self) -> tuple[torch.device, ...]:
         return self.ring.devices
 
+    @property
+    def streaming(self) -> bool:
+        return self.ring.streaming
+
+    def set_streaming(self, enabled: bool) -> None:
+        self.ring.set_streaming(enabled)
+
     def write(self, start: int, data: Mapping[str, torch.Tensor]) -> None:
         self.ring.write(start, data)
 

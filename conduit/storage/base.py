@@ -80,6 +80,18 @@ class Storage(ABC):
         """
 
     @property
+    def streaming(self) -> bool:
+        """Whether large writes bypass the caches (:mod:`conduit.storage.streaming`)."""
+        return False
+
+    def set_streaming(self, enabled: bool) -> None:
+        """Let large writes bypass the caches: for rows read back long after they are written (a replay ring).
+
+        A hint: a storage that cannot stream ignores it.
+        """
+        del enabled
+
+    @property
     def hands_out_views(self) -> bool:
         """Whether :meth:`view` gives views (and :meth:`in_use` can tell when they are gone)."""
         return False

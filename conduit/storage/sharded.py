@@ -209,6 +209,14 @@ class ShardedStorage(Storage):
     def devices(self) -> tuple[torch.device, ...]:
         return self._devices
 
+    @property
+    def streaming(self) -> bool:
+        return any(s.streaming for s in self.shards)
+
+    def set_streaming(self, enabled: bool) -> None:
+        for shard in self.shards:
+            shard.set_streaming(enabled)
+
     def write(self, start: int, data: Mapping[str, torch.Tensor]) -> None:
         if self._single:
             self.shards[0].write(start, data)

@@ -19,7 +19,7 @@ import torch
 from conduit.errors import PlacementError
 from conduit.executor import serial_kernels
 from conduit.spec import ExperienceSpec
-from conduit.storage import hugepages
+from conduit.storage import hugepages, streaming
 from conduit.storage.base import Storage
 
 __all__ = ["TensorStorage", "copy_into", "fits", "gather_into", "resolve_device"]
@@ -125,6 +125,22 @@ class TensorStorage(Storage):
         # what each field's memory is referenced by while no view of it is out (see in_use)
         self._idle_refs = {name: _use_count(t) for name, t in self.tensors.items()} if _use_count else None
         self._viewed = False  # whether view() ever handed rows out (then writes re-check their numpy views)
+        self._streams: dict[str, int] = {}  # field -> rows from which a write streams (set_streaming)
+
+    @property
+    def streaming(self) -> bool:
+        """Whether large writes bypass the caches (non-temporal stores: :mod:`conduit.storage.streaming`)."""
+        return bool(self._streams)
+
+    def set_streaming(self, enabled: bool) -> None:
+        self._streams = {}
+        if not enabled:
+            return
+        for name in self._numpy:  # host fields numpy can view: those a write copies itself
+            t = self.tensors[name]
+            rows = streaming.min_rows(t.element_size() * (t[0].numel() if t.dim() > 1 else 1))
+            if rows is not None:
+                self._streams[name] = rows
 
     def _alloc(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         t = torch.empty(shape, dtype=dtype, device=self.device, pin_memory=self.pinned)
@@ -151,15 +167,25 @@ class TensorStorage(Storage):
         if end <= self.rows and not self._may_pad and (non_blocking or not serial_kernels()):
             views = self._numpy_now()
             one_thread = bool(views) and torch.get_num_threads() == 1  # ATen would copy on this thread alone
+            streams = self._streams
             for name, dst in self.tensors.items():  # the common case: one slice copy a field
                 src = data[name]
                 below = views.get(name)
                 if below is not None and (one_thread or n < below[1]):
                     try:
-                        below[0][start:end] = src.numpy()
-                        continue
+                        s = src.numpy()
                     except (RuntimeError, TypeError):  # on a GPU, requires grad, a conj/neg bit: torch copies it
                         pass
+                    else:
+                        rows = streams.get(name)
+                        if rows is not None and n >= rows and s.flags.c_contiguous:
+                            nbytes = s.nbytes
+                            at, frm = below[2] + start * (nbytes // n), src.data_ptr()
+                            if frm >= at + nbytes or at >= frm + nbytes:  # a streaming copy is no memmove
+                                streaming.copy(at, frm, nbytes)
+                                continue
+                        below[0][start:end] = s
+                        continue
                 dst[start:end].copy_(src, non_blocking=non_blocking)
             return
         first = min(n, self.rows - start)

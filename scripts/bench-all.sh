@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce every table in BENCHMARKS.md with one command (from a source checkout):
-#   1. conduit bench all   — micro-benchmark, synthetic loop, cost-model validation (~47 min on 2 cores),
+#   1. conduit bench all   — micro-benchmark, synthetic loop, cost-model validation (~50 min on 2 cores),
 #      then the micro-benchmark once more with one transition per push (~3 min)
 #   2. the RLlib tables    — DQN convergence on CartPole, large observations, DQN/PPO side by side (~13 min)
 # Sets up .venv with the bench and rllib extras first (scripts/bootstrap.sh). Writes the tables, in the

@@ -94,7 +94,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-@pytest.mark.skipif(not streaming.AVAILABLE, reason="non-temporal stores need x86-64")
+@pytest.mark.skipif(not streaming.AVAILABLE, reason="no streaming copies here: conduit._stream not built, or not x86-64")
 def test_streaming_writes_land_like_cached_ones_and_only_large_copies_stream(counted: list[int], one_thread) -> None:
     fast, plain = TensorStorage(SPEC, ROWS, "cpu"), TensorStorage(SPEC, ROWS, "cpu")
     fast.set_streaming(True)
@@ -132,7 +132,7 @@ def units(start: int, n: int) -> dict[str, torch.Tensor]:
     return {"obs": ids.float().unsqueeze(1).expand(-1, DIM).contiguous(), "tid": ids}
 
 
-@pytest.mark.skipif(not streaming.AVAILABLE, reason="non-temporal stores need x86-64")
+@pytest.mark.skipif(not streaming.AVAILABLE, reason="no streaming copies here: conduit._stream not built, or not x86-64")
 def test_replay_rings_stream_and_on_policy_iterations_do_not(tmp_path, counted: list[int], one_thread) -> None:
     with Conduit(policy="off_policy", train_batch_size=16, capacity=512, seed=0) as edp:
         edp.push(units(0, 64))
@@ -147,7 +147,7 @@ def test_replay_rings_stream_and_on_policy_iterations_do_not(tmp_path, counted: 
         assert counted == []  # an iteration is read back right away: it stays in the caches
 
 
-@pytest.mark.skipif(not streaming.AVAILABLE, reason="non-temporal stores need x86-64")
+@pytest.mark.skipif(not streaming.AVAILABLE, reason="no streaming copies here: conduit._stream not built, or not x86-64")
 @pytest.mark.parametrize("overlap", [False, True], ids=["inline", "overlapped"])
 def test_rows_written_by_streaming_copies_are_whole_when_learners_sample_them(
     overlap: bool, counted: list[int], request: pytest.FixtureRequest

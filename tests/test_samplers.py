@@ -65,6 +65,39 @@ def test_sumtree_path_updates_equal_level_updates_bit_for_bit(capacity, batches)
         assert np.array_equal(by_path._sum, by_level._sum) and np.array_equal(by_path._min, by_level._min)
 
 
+@given(
+    capacity=st.integers(1, 300),
+    pushes=st.lists(
+        st.tuples(st.integers(0, 299), st.integers(1, 300), st.sampled_from([0.0, 1e-300, 0.25, 1.0, 3.5, 1e6])),
+        min_size=1, max_size=12,
+    ),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_sumtree_consecutive_leaves_update_like_the_general_path_bit_for_bit(capacity, pushes, seed):
+    """A ring's push sets consecutive leaves by ranges of nodes; the same leaves out of order go level by level."""
+    rng = np.random.default_rng(seed)
+    by_range, by_level = SumTree(capacity), SumTree(capacity)
+    by_range.FEW = by_level.FEW = 0
+    for start, n, value in pushes:
+        start %= capacity
+        leaves = np.arange(start, min(capacity, start + n), dtype=np.int64)
+        values = value * (1.0 + rng.random(leaves.size))  # different values a leaf: sums that round differently
+        by_range.update(leaves, values)
+        order = rng.permutation(leaves.size)
+        by_level.update(leaves[order], values[order])
+        assert np.array_equal(by_range._sum, by_level._sum) and np.array_equal(by_range._min, by_level._min)
+
+
+def test_a_ring_push_of_many_rows_updates_the_sumtree_by_ranges(monkeypatch):
+    sampler = PrioritizedSampler(1000, alpha=0.6, beta=0.4)
+    calls = []
+    real = SumTree._update_range
+    monkeypatch.setattr(SumTree, "_update_range", lambda self, first, v: calls.append(first) or real(self, first, v))
+    sampler.on_insert(np.arange(100, 356))
+    assert calls == [100]
+    assert sampler.tree.total == pytest.approx(256 * sampler.max_priority**0.6)
+
+
 def test_sumtree_rejects_a_bad_leaf_or_value_and_changes_nothing():
     for few in (10**9, 0):
         tree = SumTree(40)

@@ -71,6 +71,10 @@ class SumTree:
             raise ValueError("priorities must be finite and >= 0")
         if leaves.min() < 0 or leaves.max() >= self.capacity:
             raise IndexError(f"leaf index out of range [0, {self.capacity})")
+        first = int(leaves[0])
+        if int(leaves[-1]) - first == leaves.size - 1 and np.all(leaves[1:] - leaves[:-1] == 1):
+            self._update_range(first, values)  # consecutive leaves: a ring's push
+            return
         nodes = leaves + self.size
         self._sum[nodes] = values
         self._min[nodes] = np.where(values > 0, values, np.inf)
@@ -89,6 +93,29 @@ class SumTree:
             np.not_equal(nodes[1:], nodes[:-1], out=fresh[1:])
             nodes = nodes[fresh]
 
+    def _update_range(self, first: int, values: np.ndarray) -> None:
+        """Set leaves ``first, first+1, ...``: their ancestors at each level are a range of nodes too.
+
+        So each level is re-summed with slices, two numpy calls a level and no
+        index arrays — the same additions, in the same order, as the general
+        path; once the range narrows to one node, its ancestors go up as one path
+        (:meth:`_set_up`). Measured at depth 17 (10^5 leaves), 256 consecutive
+        leaves (a ring push of 256 rows): 54-68 us against the general path's 186-228.
+        """
+        lo = first + self.size
+        hi = lo + values.size  # nodes [lo, hi) at the leaves' level
+        s, m = self._sum, self._min
+        s[lo:hi] = values
+        m[lo:hi] = np.where(values > 0, values, np.inf)
+        while hi - lo > 1:  # children of node i are 2i and 2i+1: a level's block of parents reads one block of children
+            lo, hi = lo >> 1, ((hi - 1) >> 1) + 1
+            kids = s[2 * lo : 2 * hi].reshape(-1, 2)
+            np.add(kids[:, 0], kids[:, 1], out=s[lo:hi])
+            kids = m[2 * lo : 2 * hi].reshape(-1, 2)
+            np.minimum(kids[:, 0], kids[:, 1], out=m[lo:hi])
+        if lo > 1:  # one node left (a leaf, or the range's common ancestor): the rest is its path to the root
+            self._set_up(lo, float(s[lo]), float(m[lo]))
+
     #: updates of at most this many leaves go path by path (:meth:`_set_path`, ~4.3 us a leaf at depth 17),
     #: more level by level (130-150 us at depth 17 for up to 64 leaves, 300 for 512): they meet at ~35 leaves
     FEW = 24
@@ -104,14 +131,18 @@ class SumTree:
         walking the levels with numpy scalars took 20 us; 8 leaves 36 us, where
         re-summing level by level with arrays takes 131.
         """
-        path = (leaf + self.size) >> self._shifts  # leaf, parent, ..., root
+        self._set_up(leaf + self.size, value, value if value > 0 else math.inf)
+
+    def _set_up(self, node: int, total: float, least: float) -> None:
+        """Set ``node``'s sum and minimum, then re-sum its ancestors along the path (see :meth:`_set_path`)."""
+        path = node >> self._shifts[: node.bit_length()]  # node, parent, ..., root
         siblings = path[:-1] ^ 1
         s, m = self._sum, self._min
         run = np.empty(path.size, dtype=np.float64)
-        run[0] = value
+        run[0] = total
         run[1:] = s[siblings]
         s[path] = np.add.accumulate(run, out=run)
-        run[0] = value if value > 0 else math.inf
+        run[0] = least
         run[1:] = m[siblings]
         m[path] = np.minimum.accumulate(run, out=run)
 

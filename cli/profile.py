@@ -181,7 +181,7 @@ def _costs_json(c: Costs) -> dict[str, Any]:
 
 def _print_machine(console: Console, m: dict[str, Any]) -> None:
     gpus = ", ".join(m["gpus"]) or "none"
-    ring = "non-temporal" if m["streaming_writes"] else "cached (conduit._stream not built)"
+    ring = "non-temporal" if m["streaming_writes"] else "cached (conduit._native not built)"
     console.print(
         f"[bold]Conduit profile[/bold]  torch {m['torch']}, {m['cpu_count']} CPU threads, GPUs: {gpus}; "
         f"replay-ring writes: {ring}"

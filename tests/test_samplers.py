@@ -8,7 +8,11 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from conduit.samplers import PrioritizedSampler, SumTree, UniformSampler, minibatch_plan
+from conduit.samplers.sumtree import NATIVE
 from conduit.slots import SlotTable
+
+#: both sum-tree implementations where the C one is built (it is wherever a compiler was: test_streaming checks)
+KINDS = [False, True] if NATIVE else [False]
 
 
 def table(live: int, capacity: int = 100) -> SlotTable:
@@ -22,8 +26,9 @@ def table(live: int, capacity: int = 100) -> SlotTable:
     ops=st.lists(st.tuples(st.integers(0, 69), st.floats(0, 100, allow_nan=False)), min_size=1, max_size=60),
 )
 @example(capacity=5, ops=[(0, 1.0), (32, 1.401298464324817e-45), (33, 1.0)])  # a denormal next to 1.0
-def test_sumtree_matches_naive_prefix_search(capacity, ops):
-    tree = SumTree(capacity)
+@pytest.mark.parametrize("native", KINDS)
+def test_sumtree_matches_naive_prefix_search(native, capacity, ops):
+    tree = SumTree(capacity, native=native)
     naive = np.zeros(capacity)
     for leaf, value in ops:
         leaf %= capacity
@@ -55,7 +60,7 @@ def test_sumtree_matches_naive_prefix_search(capacity, ops):
 )
 def test_sumtree_path_updates_equal_level_updates_bit_for_bit(capacity, batches):
     """Few leaves go up their paths, many go level by level: the two build the very same tree."""
-    by_path, by_level = SumTree(capacity), SumTree(capacity)
+    by_path, by_level = SumTree(capacity, native=False), SumTree(capacity, native=False)
     by_path.FEW, by_level.FEW = 10**9, 0
     for batch in batches:
         leaves = np.array([leaf % capacity for leaf, _ in batch], dtype=np.int64)
@@ -76,7 +81,7 @@ def test_sumtree_path_updates_equal_level_updates_bit_for_bit(capacity, batches)
 def test_sumtree_consecutive_leaves_update_like_the_general_path_bit_for_bit(capacity, pushes, seed):
     """A ring's push sets consecutive leaves by ranges of nodes; the same leaves out of order go level by level."""
     rng = np.random.default_rng(seed)
-    by_range, by_level = SumTree(capacity), SumTree(capacity)
+    by_range, by_level = SumTree(capacity, native=False), SumTree(capacity, native=False)
     by_range.FEW = by_level.FEW = 0
     for start, n, value in pushes:
         start %= capacity
@@ -90,6 +95,7 @@ def test_sumtree_consecutive_leaves_update_like_the_general_path_bit_for_bit(cap
 
 def test_a_ring_push_of_many_rows_updates_the_sumtree_by_ranges(monkeypatch):
     sampler = PrioritizedSampler(1000, alpha=0.6, beta=0.4)
+    sampler.tree.native = False  # the numpy path (the C one walks every leaf's path in one loop)
     calls = []
     real = SumTree._update_range
     monkeypatch.setattr(SumTree, "_update_range", lambda self, first, v: calls.append(first) or real(self, first, v))
@@ -98,9 +104,10 @@ def test_a_ring_push_of_many_rows_updates_the_sumtree_by_ranges(monkeypatch):
     assert sampler.tree.total == pytest.approx(256 * sampler.max_priority**0.6)
 
 
-def test_sumtree_rejects_a_bad_leaf_or_value_and_changes_nothing():
+@pytest.mark.parametrize("native", KINDS)
+def test_sumtree_rejects_a_bad_leaf_or_value_and_changes_nothing(native):
     for few in (10**9, 0):
-        tree = SumTree(40)
+        tree = SumTree(40, native=native)
         tree.FEW = few
         tree.update(np.arange(40), np.arange(40, dtype=np.float64))
         before = tree._sum.copy()
@@ -110,21 +117,68 @@ def test_sumtree_rejects_a_bad_leaf_or_value_and_changes_nothing():
         ):
             with pytest.raises(error):
                 tree.update(np.array(leaves), np.array(values))
-            assert np.array_equal(tree._sum, before)
+            assert np.array_equal(tree._sum, before) and tree.get(np.array([3])).tolist() == [3.0]
 
 
-def test_sumtree_vectorized_update_with_duplicates_last_wins():
-    tree = SumTree(8)
+@pytest.mark.parametrize("native", KINDS)
+def test_sumtree_vectorized_update_with_duplicates_last_wins(native):
+    tree = SumTree(8, native=native)
     tree.update(np.array([1, 1, 2]), np.array([5.0, 3.0, 1.0]))
     assert tree.get(np.array([1, 2])).tolist() == [3.0, 1.0]
     assert tree.total == 4.0
 
 
-def test_sumtree_never_returns_empty_leaves():
-    tree = SumTree(16)
+@pytest.mark.parametrize("native", KINDS)
+def test_sumtree_never_returns_empty_leaves(native):
+    tree = SumTree(16, native=native)
     tree.update(np.array([3, 9]), np.array([1.0, 2.0]))
     found = tree.find(np.random.default_rng(0).random(10_000) * tree.total)
     assert set(found.tolist()) <= {3, 9}
+
+
+@pytest.mark.skipif(not NATIVE, reason="conduit._native is not built (no C compiler at install)")
+@given(
+    capacity=st.integers(1, 300),
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["ring", "random", "one"]), st.integers(0, 299), st.integers(1, 300),
+            st.sampled_from([0.0, 5e-324, 1e-300, 0.25, 1.0, 3.5, 1e6]),
+        ),
+        min_size=1, max_size=12,
+    ),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_the_c_sumtree_builds_and_searches_the_numpy_tree_bit_for_bit(capacity, steps, seed):
+    """Ring pushes (consecutive leaves, wrapping), random updates with repeats and zeros, single leaves:
+    after every step both trees hold the same bits, and every prefix sum finds the same leaf."""
+    rng = np.random.default_rng(seed)
+    c, py = SumTree(capacity, native=True), SumTree(capacity, native=False)
+    for kind, start, n, value in steps:
+        if kind == "ring":
+            leaves = (start + np.arange(n)) % capacity
+        elif kind == "random":
+            leaves = rng.integers(0, capacity, n)
+        else:
+            leaves = np.array([start % capacity])
+        values = value * (1.0 + rng.random(leaves.size)) * (rng.random(leaves.size) < 0.9)
+        c.update(leaves, values)
+        py.update(leaves, values)
+        assert np.array_equal(c._sum, py._sum) and np.array_equal(c._min, py._min)
+        total = py.total
+        if total > 0:
+            points = np.concatenate([rng.random(64) * total, [0.0, np.nextafter(total, 0.0)]])
+            points = np.concatenate([points, np.cumsum(py.leaves())[:-1]])  # exactly on the borders
+            points = points[points < total]
+            assert np.array_equal(c.find(points), py.find(points))
+
+
+def test_a_c_sumtree_where_it_is_not_built_says_why(monkeypatch):
+    from conduit.samplers import sumtree
+
+    monkeypatch.setattr(sumtree, "_native", None)
+    with pytest.raises(RuntimeError, match="not built"):
+        SumTree(8, native=True)
+    assert SumTree(8, native=False).native is False
 
 
 def test_uniform_sampler_stays_in_valid_rows():

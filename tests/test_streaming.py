@@ -15,12 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conduit import Conduit, Mode, Schedule
+from conduit.samplers import sumtree
 from conduit.spec import ExperienceSpec
 from conduit.storage import TensorStorage, streaming
 from tests.test_semantics import test_off_policy_integrity_and_bounded_staleness as off_policy_integrity
 
-stream = streaming._stream
-built = pytest.mark.skipif(stream is None, reason="conduit._stream is not built (no C compiler at install)")
+stream = streaming._native
+built = pytest.mark.skipif(stream is None, reason="conduit._native is not built (no C compiler at install)")
 
 
 def test_the_extension_is_built_where_a_c_compiler_is() -> None:
@@ -28,7 +29,8 @@ def test_the_extension_is_built_where_a_c_compiler_is() -> None:
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     headers = Path(sysconfig.get_paths()["include"], "Python.h").is_file()
     if platform.machine() in ("x86_64", "AMD64") and shutil.which(compiler) and headers:
-        assert streaming.AVAILABLE, "conduit._stream was not built although a C compiler is here: reinstall"
+        assert streaming.AVAILABLE, "conduit._native was not built although a C compiler is here: reinstall"
+        assert sumtree.NATIVE  # the same extension: the prioritized sampler's C sum-tree
 
 
 @built
@@ -95,7 +97,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-@pytest.mark.skipif(not streaming.AVAILABLE, reason="no streaming copies here: conduit._stream not built, or not x86-64")
+@pytest.mark.skipif(not streaming.AVAILABLE, reason="no streaming copies here: conduit._native not built, or not x86-64")
 def test_streaming_writes_land_like_cached_ones_and_only_large_copies_stream(counted: list[int], one_thread) -> None:
     fast, plain = TensorStorage(SPEC, ROWS, "cpu"), TensorStorage(SPEC, ROWS, "cpu")
     fast.set_streaming(True)
@@ -133,7 +135,7 @@ def units(start: int, n: int) -> dict[str, torch.Tensor]:
     return {"obs": ids.float().unsqueeze(1).expand(-1, DIM).contiguous(), "tid": ids}
 
 
-@pytest.mark.skipif(not streaming.AVAILABLE, reason="no streaming copies here: conduit._stream not built, or not x86-64")
+@pytest.mark.skipif(not streaming.AVAILABLE, reason="no streaming copies here: conduit._native not built, or not x86-64")
 def test_replay_rings_stream_and_on_policy_iterations_do_not(tmp_path, counted: list[int], one_thread) -> None:
     with Conduit(policy="off_policy", train_batch_size=16, capacity=512, seed=0) as edp:
         edp.push(units(0, 64))
@@ -148,7 +150,7 @@ def test_replay_rings_stream_and_on_policy_iterations_do_not(tmp_path, counted: 
         assert counted == []  # an iteration is read back right away: it stays in the caches
 
 
-@pytest.mark.skipif(not streaming.AVAILABLE, reason="no streaming copies here: conduit._stream not built, or not x86-64")
+@pytest.mark.skipif(not streaming.AVAILABLE, reason="no streaming copies here: conduit._native not built, or not x86-64")
 @pytest.mark.parametrize("overlap", [False, True], ids=["inline", "overlapped"])
 def test_rows_written_by_streaming_copies_are_whole_when_learners_sample_them(
     overlap: bool, counted: list[int], request: pytest.FixtureRequest
@@ -195,7 +197,7 @@ def test_rows_written_by_streaming_copies_are_whole_when_learners_sample_them(
     assert counted, "no write streamed: the test would prove nothing"
 
 
-@pytest.mark.skipif(not streaming.AVAILABLE, reason="no streaming copies here: conduit._stream not built, or not x86-64")
+@pytest.mark.skipif(not streaming.AVAILABLE, reason="no streaming copies here: conduit._native not built, or not x86-64")
 def test_section_2_holds_with_every_ring_write_streamed(monkeypatch: pytest.MonkeyPatch, counted: list[int]) -> None:
     """DESIGN.md §2 off-policy, under random pushes, pulls and schedules, with every write streamed.
 

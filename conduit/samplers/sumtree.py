@@ -1,11 +1,25 @@
-"""A vectorized sum-tree (and min-tree) over leaf priorities, in numpy.
+"""A sum-tree (and min-tree) over leaf priorities: C where built, numpy otherwise, the same bits either way.
 
 Every operation takes and returns arrays: ``update`` sets many leaves and
-re-sums only their ancestors, level by level; ``find`` descends for a whole
-vector of prefix sums at once. Costs are ``O(k log n)`` numpy work for ``k``
-leaves, with a few dozen numpy calls regardless of ``k`` — or, for a few
-leaves (a push of one transition, a small priority update), a handful of calls
-per leaf along its path.
+re-sums only their ancestors; ``find`` descends for a whole vector of prefix
+sums at once.
+
+Two implementations. The C kernels of ``conduit._native`` (``sumtree_set``,
+``sumtree_find``) walk the levels in a loop. The numpy path does each level in
+a few array calls: ``O(k log n)`` work for ``k`` leaves, with a few dozen numpy
+calls regardless of ``k`` — or, for a few leaves (a push of one transition, a
+small priority update), a handful of calls per leaf along its path. At 10^5
+leaves (17 levels) those calls are the cost: ~2 us each, where the arithmetic
+is nanoseconds. Measured here at depth 17 (10^5 leaves), numpy → C, medians of
+nine blocks: a ring push's 256 consecutive leaves 60 → 7 us, a priority update
+of 512 random leaves 330 → 21, one leaf 6.7 → 1.0, a draw's 512 sorted prefix
+sums 130 → 10 (eight descents in lockstep, so their cache misses overlap).
+
+Both compute every inner node as one addition of its two children (and one
+minimum), and descend with the same comparisons and subtractions, so they
+build the same tree and find the same leaves, bit for bit (a hypothesis test
+checks it). The C kernels are used wherever the extension was built
+(:data:`NATIVE`); ``SumTree(capacity, native=False)`` keeps numpy.
 """
 
 from __future__ import annotations
@@ -14,7 +28,15 @@ import math
 
 import numpy as np
 
-__all__ = ["SumTree"]
+try:
+    from conduit import _native
+except ImportError:  # built without a C compiler: numpy walks the levels
+    _native = None
+
+__all__ = ["NATIVE", "SumTree"]
+
+#: whether this install has the C sum-tree kernels (the default for every tree)
+NATIVE: bool = _native is not None
 
 
 class SumTree:
@@ -23,9 +45,13 @@ class SumTree:
     Leaves with value 0 are never returned by :meth:`find` (empty slots).
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, native: bool | None = None) -> None:
         if capacity <= 0:
             raise ValueError(f"capacity must be > 0, got {capacity}")
+        if native and _native is None:
+            raise RuntimeError("native=True, but conduit._native is not built (no C compiler at install)")
+        #: whether updates and draws run in C (default: wherever it is built)
+        self.native = NATIVE if native is None else native
         self.capacity = capacity
         self.size = 1 << max(0, (capacity - 1).bit_length())  # leaves, a power of two
         self.depth = self.size.bit_length() - 1
@@ -56,6 +82,14 @@ class SumTree:
         leaves = np.asarray(leaves, dtype=np.int64)
         values = np.asarray(values, dtype=np.float64)
         if leaves.size == 0:
+            return
+        if self.native:
+            if values.shape != leaves.shape:
+                values = np.broadcast_to(values, leaves.shape)
+            _native.sumtree_set(  # checks every leaf and value before it changes anything
+                self._sum, self._min, self.size, self.capacity,
+                np.ascontiguousarray(leaves), np.ascontiguousarray(values),
+            )
             return
         if leaves.size <= self.FEW:  # one path at a time (a push of a few rows, a small priority update)
             pairs = list(zip(leaves.tolist(), values.tolist()))
@@ -148,6 +182,11 @@ class SumTree:
 
     def find(self, prefix: np.ndarray) -> np.ndarray:
         """For each ``v`` in ``prefix`` (``0 <= v < total``) the leaf where the running sum passes ``v``."""
+        if self.native:
+            v = np.ascontiguousarray(prefix, dtype=np.float64)
+            out = np.empty(v.shape, dtype=np.int64)
+            _native.sumtree_find(self._sum, self.size, v, out)
+            return out
         v = np.asarray(prefix, dtype=np.float64).copy()
         idx = np.ones(v.shape, dtype=np.int64)
         s = self._sum

@@ -22,7 +22,7 @@ stream either: measured, 512 random rows copied with streaming stores were
 1.2-1.4x slower than ``index_select`` and 1.4-2.3x slower once the learner
 reads the batch.
 
-The copy is the optional C extension ``conduit._stream`` (x86-64; SSE2's
+The copy is in the optional C extension ``conduit._native`` (x86-64; SSE2's
 ``_mm_stream_si128``); without it, or on other CPUs, :data:`AVAILABLE` is False
 and every write is numpy's. No library on PyPI offers a streaming copy.
 """
@@ -30,14 +30,14 @@ and every write is numpy's. No library on PyPI offers a streaming copy.
 from __future__ import annotations
 
 try:
-    from conduit import _stream
+    from conduit import _native
 except ImportError:  # built without a C compiler: numpy copies
-    _stream = None
+    _native = None
 
 __all__ = ["AVAILABLE", "MIN_BYTES", "copy", "min_rows"]
 
 #: whether this install copies with non-temporal stores (the extension is built, for a CPU that has them)
-AVAILABLE: bool = _stream is not None and bool(_stream.NONTEMPORAL)
+AVAILABLE: bool = _native is not None and bool(_native.NONTEMPORAL)
 
 #: the smallest copy that streams (see the module docstring for the measurements)
 MIN_BYTES = 128 << 10
@@ -56,6 +56,6 @@ def copy(dst: int, src: int, nbytes: int) -> None:
     The ranges must not overlap and must stay alive for the call (the GIL is
     released during it). Only where :data:`AVAILABLE`.
     """
-    if _stream is None:
-        raise RuntimeError("conduit._stream is not built (no C compiler at install): streaming copies are off")
-    _stream.copy(dst, src, nbytes)
+    if _native is None:
+        raise RuntimeError("conduit._native is not built (no C compiler at install): streaming copies are off")
+    _native.copy(dst, src, nbytes)

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from conduit.samplers import sumtree
 from conduit.scheduling.model import Costs, predict
 from conduit.scheduling.profiler import INLINE, ProfileSettings, interleaved_medians, profile_workload
 from conduit.scheduling.space import Policy
@@ -50,6 +51,7 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "gpus": gpus,
         "streaming_writes": streaming.AVAILABLE,
+        "native_sumtree": sumtree.NATIVE,
     }
 
 
@@ -182,9 +184,10 @@ def _costs_json(c: Costs) -> dict[str, Any]:
 def _print_machine(console: Console, m: dict[str, Any]) -> None:
     gpus = ", ".join(m["gpus"]) or "none"
     ring = "non-temporal" if m["streaming_writes"] else "cached (conduit._native not built)"
+    tree = "C" if m["native_sumtree"] else "numpy (conduit._native not built)"
     console.print(
         f"[bold]Conduit profile[/bold]  torch {m['torch']}, {m['cpu_count']} CPU threads, GPUs: {gpus}; "
-        f"replay-ring writes: {ring}"
+        f"replay-ring writes: {ring}; prioritized sum-tree: {tree}"
     )
 
 

@@ -9,6 +9,9 @@ import pytest
 from conduit.cli.main import app
 from typer.testing import CliRunner
 
+from conduit.samplers import sumtree
+from conduit.storage import streaming
+
 TINY = ["--dim", "16", "--unit-size", "32", "--batch-size", "32", "--capacity", "2048", "--rollout-ms", "0.2", "--update-ms", "0.5"]
 
 
@@ -22,6 +25,8 @@ def test_profile_json_reports_costs_candidates_and_a_feasible_plan():
     result = CliRunner().invoke(app, ["profile", "--json", "--no-check", *TINY])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
+    assert doc["machine"]["native_sumtree"] is sumtree.NATIVE  # which sum-tree prioritized replay runs on
+    assert doc["machine"]["streaming_writes"] is streaming.AVAILABLE
     assert {w["workload"]["policy"] for w in doc["workloads"]} == {"off_policy", "on_policy"}
     for w in doc["workloads"]:
         costs = w["costs"]
@@ -59,7 +64,7 @@ def test_profile_json_reports_costs_candidates_and_a_feasible_plan():
 def test_profile_prints_tables_and_a_plan():
     result = CliRunner().invoke(app, ["profile", "--policy", "off", *TINY])
     assert result.exit_code == 0, result.output
-    for text in ("Profiled costs", "Candidate schedules", "Plan:", "Measured:"):
+    for text in ("Profiled costs", "Candidate schedules", "Plan:", "Measured:", "prioritized sum-tree: "):
         assert text in result.output
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from conduit.samplers import sumtree
 from conduit.storage import streaming
 
 __all__ = ["PEER_PACKAGES", "cpu_model", "machine_info", "memcpy_bandwidth", "package_version"]
@@ -81,5 +82,6 @@ def machine_info() -> dict[str, Any]:
         else [],
         "peers": {name: package_version(name) for name in PEER_PACKAGES},
         "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-        "streaming_writes": streaming.AVAILABLE,  # replay-ring writes with non-temporal stores (conduit._stream)
+        "streaming_writes": streaming.AVAILABLE,  # replay-ring writes with non-temporal stores (conduit._native)
+        "native_sumtree": sumtree.NATIVE,  # the prioritized sampler's sum-tree in C (conduit._native)
     }

@@ -12,8 +12,14 @@
  * three quarters of the last-level cache (hundreds of MB on a VM that reports
  * the host's L3), so neither numpy nor torch uses them for a push.
  *
+ * A sum-tree over 10^5 leaves has 17 levels. In numpy each level costs a few
+ * array calls of ~2 us whatever their length, so a ring push's 256 leaves took
+ * ~60 us and a draw's 512 descents ~130; here both are a few microseconds.
+ * conduit.samplers.sumtree keeps the numpy version, which gives the same bits.
+ *
  * Optional: setuptools builds it where a C compiler is found (Extension
- * optional=True); conduit.storage.streaming falls back to numpy's copy without it.
+ * optional=True); conduit.storage.streaming and conduit.samplers.sumtree fall
+ * back to numpy without it.
  * NONTEMPORAL is 1 where the non-temporal path is compiled (x86-64 with SSE2),
  * else 0 and copy() is a plain memcpy, which callers then do not bother to use.
  */

@@ -150,12 +150,18 @@ class Conduit:
         return schedule
 
     def _default_storage_policy(self) -> StoragePolicy:
-        """A pinned ``storage_device`` wins; with GPUs, Alg. 1 on the profiled machine; else host memory."""
+        """A pinned ``storage_device`` wins; with a learner on a GPU, Alg. 1 on the profiled machine; else host memory.
+
+        Learners on the CPU keep the buffer in pageable host memory without profiling: a GPU or pinned buffer
+        between CPU actors and CPU learners adds a copy each way (a pageable copy to or from a GPU is itself a
+        host memcpy into the driver's staging memory plus a DMA), so Eq. 1 cannot prefer one unless the
+        profile is noise, and profiling would cost every such runtime seconds at construction.
+        """
         cfg = self.config
         if cfg.storage_device is not None:
             return FixedStorage(cfg.storage_device)
-        if not torch.cuda.is_available():
-            return FixedStorage("cpu")  # the only candidate on a machine without GPUs
+        if not torch.cuda.is_available() or not any(d.startswith("cuda") for d in cfg.learner_devices):
+            return FixedStorage("cpu")  # no GPU, or no learner on one
         from conduit.placement.policy import PlacementPolicy  # scipy and the planner, only when they can matter
 
         capacity = cfg.capacity if cfg.policy is Policy.OFF_POLICY else 2 * cfg.storage_rows

@@ -352,3 +352,29 @@ def test_for_this_machine_profiles_once() -> None:
     storage = p.create(spec_of(4), 1_000)
     expected_device = torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
     assert storage.devices[0].type in {expected_device.type, "cpu"}
+
+
+@pytest.mark.parametrize(("learner", "planned"), [("cpu", False), ("cuda:0", True), (["cpu", "cuda:0"], True)])
+def test_the_runtime_plans_placement_only_for_learners_on_a_gpu(monkeypatch, learner, planned) -> None:
+    """CPU learners keep pageable host memory even where CUDA exists (and nothing is profiled for them)."""
+    import conduit
+    from conduit.placement import policy as policy_module
+
+    calls: list[dict[str, Any]] = []
+
+    def for_this_machine(**kwargs: Any) -> FixedStorage:
+        calls.append(kwargs)
+        return FixedStorage("pinned")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(policy_module.PlacementPolicy, "for_this_machine", staticmethod(for_this_machine))
+    edp = conduit.Conduit(
+        policy="off_policy", train_batch_size=8, capacity=64, learner_device=learner,
+        num_learners=len(learner) if isinstance(learner, list) else 1,
+    )
+    assert len(calls) == (1 if planned else 0)
+    assert isinstance(edp.storage_policy, FixedStorage)
+    assert str(edp.storage_policy.device) == ("pinned" if planned else "cpu")
+    if planned:
+        assert calls[0]["learners"] == (learner if isinstance(learner, list) else [learner])
+    edp.close()

@@ -125,3 +125,59 @@ def test_a_unit_still_being_written_on_the_actors_stream_is_ingested_after_its_k
         stored = edp.buffer.storage.read(0, 8 * 256)
         assert stored["tid"].cpu().tolist() == list(range(8 * 256))
         assert torch.equal(stored["obs"].cpu(), stored["tid"].cpu().float().unsqueeze(1).expand(-1, 64))
+
+
+@pytest.mark.parametrize("storage", ["cpu", "pinned"])
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("batch_pool", [0, 2])
+def test_host_rows_for_a_gpu_learner_are_gathered_onto_it_through_pinned_staging(
+    monkeypatch, storage, overlap, batch_pool
+):
+    """No hook: the gather itself targets the learner's GPU (pinned staging, an async DMA), into the learner's
+    recycled memory where ``batch_pool`` offers it; the rows are the sampled ones."""
+    from conduit.storage import TensorStorage
+
+    targets = []
+    real = TensorStorage.gather
+
+    def gather(self, indices, device=None, out=None):
+        targets.append(device)
+        return real(self, indices, device, out)
+
+    monkeypatch.setattr(TensorStorage, "gather", gather)
+    with Conduit(
+        policy="off_policy", train_batch_size=64, capacity=4096, learner_device="cuda:0", storage_device=storage,
+        seed=0, batch_pool=batch_pool, schedule=Schedule(Mode(overlap, 1), Mode(overlap, 1)),
+    ) as edp:
+        for u in range(8):
+            edp.push(transitions(128, dim=256, start=128 * u))
+        edp.flush()
+        kept = []
+        for _ in range(6):
+            b = edp.pull()
+            assert torch.equal(b["obs"], b["tid"].float().unsqueeze(1).expand(-1, 256))
+            assert torch.equal(b["tid"].cpu(), torch.from_numpy(b.info.ids))
+            kept.append(b)
+        if batch_pool:  # the ring's memory: every batch_pool-th pull lands in the same blocks
+            assert kept[-1]["obs"].data_ptr() in {k["obs"].data_ptr() for k in kept[:-1]}
+    assert targets and all(t == torch.device("cuda:0") for t in targets)
+
+
+def test_a_delivery_hook_still_reads_rows_where_the_buffer_keeps_them():
+    seen = []
+    edp = Conduit(
+        policy="off_policy", train_batch_size=64, capacity=4096, learner_device="cuda:0", storage_device="pinned",
+        seed=0,
+    )
+
+    @edp.register_delivery(input="ExperienceBuffer", output="Learner")
+    def scale(exp_in, learn_out):
+        d = exp_in.read()
+        seen.append(d["obs"].device.type)
+        learn_out.write({**d, "obs": d["obs"] * 2})
+
+    with edp:
+        edp.push(transitions(256, dim=32))
+        b = edp.pull()
+        assert b["obs"].device.type == "cuda" and seen and set(seen) == {"cpu"}  # (a prefetched batch's too)
+        assert torch.equal(b["obs"], 2 * b["tid"].float().unsqueeze(1).expand(-1, 32))

@@ -252,11 +252,16 @@ class TensorStorage(Storage):
         if device is not None and device.type == "cuda" and self.device.type == "cpu":
             # host rows bound for a GPU: gather into pinned memory so the copy is a real async DMA
             # (the caching host allocator keeps the block until the copy's stream is done with it)
-            out = {}
+            offered = out or {}
+            result = {}
             for name, t in self.tensors.items():
-                staged = torch.empty((idx.shape[0], *t.shape[1:]), dtype=t.dtype, pin_memory=True)
-                out[name] = gather_into(t, idx, staged).to(device, non_blocking=True)
-            return out
+                staged = gather_into(t, idx, torch.empty((idx.shape[0], *t.shape[1:]), dtype=t.dtype, pin_memory=True))
+                dst = offered.get(name)
+                if dst is not None and dst.device == device and dst.shape == staged.shape and dst.dtype == t.dtype:
+                    result[name] = dst.copy_(staged, non_blocking=True)  # the learner's recycled batch memory
+                else:
+                    result[name] = staged.to(device, non_blocking=True)
+            return result
         if self.device.type == "cpu" and serial_kernels():
             out = {
                 name: gather_into(t, idx, t.new_empty((idx.shape[0], *t.shape[1:])))

@@ -11,6 +11,15 @@ Method: for each path, copy ``nbytes`` (default 64 MiB) ``warmup`` times, then
 time ``repeats`` copies (synchronizing the devices involved) and keep the median;
 bandwidth = bytes copied / median seconds. Every measurement stops early (after
 at least one timed copy) once ``time_budget_s`` is spent, and the notes say so.
+
+Host memory is measured as a replay ring uses it. ``host_memcpy`` writes into
+the next ``nbytes`` of a ring of ``RING_COPIES * nbytes`` each time, so that the
+destination is not still in a large last-level cache from the copy before (a
+64 MiB copy onto itself ran at 86-99 GB/s on an H200 VM whose pushes into a
+pinned ring ran at 16). ``host_gather`` gathers ``nbytes`` of random
+``GATHER_ROW_BYTES`` rows out of that ring (fresh rows each time; into pinned
+memory where CUDA is, as a GPU learner's batches are staged): the CPU's share
+of a delivery from host memory, which a contiguous copy overstates.
 Free GPU memory comes from ``torch.cuda.mem_get_info`` before any buffer is
 allocated.
 
@@ -33,7 +42,12 @@ from conduit.errors import PlacementError
 from conduit.placement.topology import Node, Topology
 from conduit.placement.units import MIB
 
-__all__ = ["host_available_bytes", "profile_topology"]
+__all__ = ["GATHER_ROW_BYTES", "RING_COPIES", "cap_pageable", "host_available_bytes", "profile_topology"]
+
+#: bytes per row of the host gather (float32 rows; a transition of dimension 1,000 is ~8 KB)
+GATHER_ROW_BYTES = 8 << 10
+#: the host ring the copies and gathers run over, in multiples of ``nbytes``
+RING_COPIES = 4
 
 log = logging.getLogger(__name__)
 
@@ -133,17 +147,30 @@ def profile_topology(
 
     src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)  # touch the pages before timing
     dst = torch.empty(nbytes, dtype=torch.uint8).fill_(0)
-    host_memcpy = timer.bandwidth(lambda: dst.copy_(src), lambda: None)
-
     cuda = torch.cuda.is_available()
+    host_memcpy, host_gather = _profile_host(torch, timer, src, pinned=cuda)
+
     ordinals = list(range(torch.cuda.device_count())) if cuda and gpus is None else list(gpus or [])
     if ordinals and not cuda:
         raise PlacementError(f"gpus: expected none on a machine without CUDA, received {ordinals}")
-    node_data: dict[str, Any] = {"host_memory_bytes": host_memory, "host_memcpy": host_memcpy}
+    node_data: dict[str, Any] = {
+        "host_memory_bytes": host_memory, "host_memcpy": host_memcpy, "host_gather": host_gather,
+    }
+    notes.append(
+        f"host memcpy into a {RING_COPIES}x ring; host gather of random {GATHER_ROW_BYTES // 1024} KiB rows out of "
+        f"it{' into pinned memory' if cuda else ''}"
+    )
     if not cuda:
         notes.append("no CUDA device: no GPUs, and no pinned host memory (pinning needs CUDA in torch)")
     else:
-        node_data.update(_profile_gpus(torch, timer, ordinals, src, dst, peer))
+        tables = _profile_gpus(torch, timer, ordinals, src, dst, peer)
+        capped = cap_pageable(tables, host_memcpy)
+        if capped:
+            notes.append(
+                f"pageable host<->GPU copies measured faster than host memcpy ({', '.join(capped)}): capped at "
+                "host memcpy, since each is a host memcpy into the driver's staging memory plus a DMA"
+            )
+        node_data.update(tables)
         node_data["pinned_memory_bytes"] = max(1, int(host_memory * pinned_fraction))
         notes.append(f"pinned host memory: {pinned_fraction:.0%} of available host memory (a policy)")
         if not peer and len(ordinals) > 1:
@@ -152,6 +179,50 @@ def profile_topology(
         notes.append(f"time budget of {time_budget_s} s reached: some medians use fewer repeats")
     log.debug("profiled topology in %.3f s", time.perf_counter() - started)
     return Topology(name=name, description="profiled live", notes=tuple(notes), nodes=(Node(**node_data),))
+
+
+def _profile_host(torch: Any, timer: _Timer, src: Any, pinned: bool) -> tuple[float, float]:
+    """``host_memcpy`` (writes into the next slot of a ring) and ``host_gather`` (random rows out of it)."""
+    n = timer.nbytes
+    cols = GATHER_ROW_BYTES // 4
+    rows = max(2, -(-RING_COPIES * n // GATHER_ROW_BYTES))
+    ring = torch.empty((rows, cols), dtype=torch.float32).fill_(1.0)
+    flat = ring.view(-1).view(torch.uint8)
+    slots = flat.numel() // n
+    at = [0]
+
+    def write() -> None:
+        k = at[0] % slots
+        at[0] += 1
+        flat[k * n : (k + 1) * n].copy_(src)
+
+    memcpy = timer.bandwidth(write, lambda: None)
+    batch = max(1, n // GATHER_ROW_BYTES)
+    out = torch.empty((batch, cols), dtype=torch.float32, pin_memory=pinned)
+    gen = torch.Generator().manual_seed(0)
+
+    def gather() -> None:
+        torch.index_select(ring, 0, torch.randint(0, rows, (batch,), generator=gen), out=out)
+
+    gathered = timer.bandwidth(gather, lambda: None) * (batch * GATHER_ROW_BYTES) / n
+    return memcpy, gathered
+
+
+def cap_pageable(tables: dict[str, Any], host_memcpy: float) -> list[str]:
+    """Cap pageable host<->GPU bandwidths at ``host_memcpy`` in place; the entries capped, named.
+
+    A pageable copy to or from a GPU is a host memcpy into (or out of) the driver's pinned staging memory
+    plus a DMA, so it cannot run faster than a host memcpy. A measurement that says otherwise is noise (a
+    busy host slows the memcpy timed first more than the DMA-bound copies after it), and left in, Eq. 1
+    would route CPU-to-CPU traffic through a GPU.
+    """
+    capped = []
+    for key in ("host_to_gpu", "gpu_to_host"):
+        for g, bw in enumerate(tables[key]):
+            if bw > host_memcpy:
+                tables[key][g] = host_memcpy
+                capped.append(f"{key}[{g}]")
+    return capped
 
 
 def _profile_gpus(

@@ -9,6 +9,10 @@ Transfer model, per sample of ``x`` bytes::
     T_ingest(p)   = sum_s share_s * mean_a  x / BW(a -> s)     (actors a, shards s)
     T_deliver(p)  = sum_s share_s * mean_l  x / BW(s -> l)     (learners l)
 
+``BW(s -> l)`` of the delivery leg is :meth:`Topology.deliver_bandwidth`: a copy
+rate, or, for rows in host memory where the topology measured a gather rate, the
+gather and the copy one after the other (sampled rows are scattered).
+
 A written sample lands on shard ``s`` with probability ``share_s`` and a sampled
 one is read from ``s`` with the same probability, so both legs are *expected
 times* over shards (a learner on a shard's own GPU reads it at that GPU's local
@@ -86,7 +90,7 @@ class ShardFit:
 def device_cost(topology: Topology, device: str, actors: Sequence[str], learners: Sequence[str]) -> DeviceCost:
     """Per-byte ingest and deliver seconds of a shard on ``device`` (mean over endpoints)."""
     ingest = math.fsum(1.0 / topology.bandwidth(a, device) for a in actors) / len(actors)
-    deliver = math.fsum(1.0 / topology.bandwidth(device, lr) for lr in learners) / len(learners)
+    deliver = math.fsum(1.0 / topology.deliver_bandwidth(device, lr) for lr in learners) / len(learners)
     return DeviceCost(ingest=ingest, deliver=deliver)
 
 

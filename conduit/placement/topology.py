@@ -134,6 +134,10 @@ class Node(_Model):
     """Free memory per GPU; its length is the node's GPU count."""
     host_memcpy: PositiveFloat
     """Host-to-host copy (pageable<->pageable, pageable<->pinned), bytes copied per second."""
+    host_gather: PositiveFloat | None = None
+    """A batch of random rows gathered out of a host ring, bytes per second (the CPU's share of delivering
+    host rows, which a contiguous copy overstates); ``None``: deliveries from host memory run at the copy
+    rates (:meth:`Topology.deliver_bandwidth`)."""
     gpu_local: tuple[PositiveFloat, ...] = ()
     """On-device copy bandwidth per GPU (a learner reading a shard on its own GPU)."""
     host_to_gpu: tuple[PositiveFloat, ...] = ()
@@ -307,6 +311,27 @@ class Topology(_Model):
             return self._intra(self.nodes[s.node], s, d)
         assert self.inter_node is not None  # validated for multi-node topologies
         return min(self._leg_out(s), self.inter_node, self._leg_in(d))
+
+    def deliver_bandwidth(self, src: str, dst: str) -> float:
+        """Effective bytes/s of delivering sampled rows of a buffer on ``src`` to a learner on ``dst``.
+
+        A copy (:meth:`bandwidth`) unless the rows are in host memory of a node that measured
+        ``host_gather``: the runtime gathers them on the CPU (into pinned staging when the learner is on a
+        GPU) and then copies the batch, one after the other, so the two times add: ``1 / (1 / host_gather +
+        1 / copy)``, the copy being the pinned one to a GPU and none to the host. Sampled rows are scattered
+        over the ring, which a contiguous copy of the same bytes does not capture: on an H200 VM a pull of
+        512 rows from a pinned ring ran at a third of the pinned->GPU copy rate, and Eq. 1 over the copy
+        rates placed the buffer there although the GPU delivered twice as fast end to end.
+        """
+        s, d = self.device(src), self.device(dst)
+        node = self.nodes[s.node]
+        if s.kind is DeviceKind.GPU or s.node != d.node or node.host_gather is None:
+            return self.bandwidth(src, dst)
+        if d.kind is not DeviceKind.GPU:
+            return node.host_gather
+        assert d.ordinal is not None
+        pinned = node.pinned_to_gpu[d.ordinal] if node.pinned_to_gpu is not None else node.host_to_gpu[d.ordinal]
+        return 1.0 / (1.0 / node.host_gather + 1.0 / pinned)
 
     def _leg_out(self, dev: Device) -> float:
         node = self.nodes[dev.node]

@@ -114,6 +114,38 @@ def test_bandwidth_lookup(fake_topology: Topology) -> None:
     assert [d.kind for d in t.devices] == [DeviceKind.CPU, DeviceKind.PINNED] + [DeviceKind.GPU] * 4
 
 
+def h200_vm(host_gather: float | None) -> Topology:
+    """One H200 VM as profiled here (rounded): pageable host->GPU at a fifth of pinned->GPU."""
+    return Topology(name="h200-vm", nodes=(Node(
+        host_memory_bytes=120 * GIB, pinned_memory_bytes=60 * GIB, gpu_memory_bytes=(139 * GIB,),
+        host_memcpy=18e9, host_gather=host_gather, gpu_local=(1.43e12,), host_to_gpu=(10.5e9,),
+        gpu_to_host=(15.7e9,), pinned_to_gpu=(55e9,), gpu_to_pinned=(54e9,), gpu_to_gpu=((0.0,),),
+    ),))
+
+
+def test_deliveries_from_host_memory_add_the_gather_to_the_copy() -> None:
+    t = h200_vm(host_gather=22e9)
+    assert t.deliver_bandwidth("pinned", "cuda:0") == pytest.approx(1 / (1 / 22e9 + 1 / 55e9))
+    assert t.deliver_bandwidth("cpu", "cuda:0") == pytest.approx(1 / (1 / 22e9 + 1 / 55e9))  # staged in pinned
+    assert t.deliver_bandwidth("cpu", "cpu") == t.deliver_bandwidth("pinned", "cpu") == 22e9
+    for src, dst in (("cuda:0", "cuda:0"), ("cuda:0", "cpu"), ("cuda:0", "pinned")):  # GPU rows: a copy
+        assert t.deliver_bandwidth(src, dst) == t.bandwidth(src, dst)
+    old = h200_vm(host_gather=None)  # topologies without a gather rate (files, hand-built) keep the copy rates
+    for src in ("cpu", "pinned", "cuda:0"):
+        for dst in ("cpu", "pinned", "cuda:0"):
+            assert old.deliver_bandwidth(src, dst) == old.bandwidth(src, dst)
+
+
+def test_a_gpu_learner_fed_from_host_memory_keeps_the_buffer_on_its_gpu_once_gathers_are_counted() -> None:
+    from conduit.placement import PlacementKind, PlacementRequest, solve_placement
+
+    request = PlacementRequest(actors="cpu", learners="cuda:0", capacity=100_000)
+    # copy rates alone: pinned memory (an 18 GB/s memcpy in, a 55 GB/s DMA out) beats a 10.5 GB/s pageable write
+    assert solve_placement(h200_vm(None), request, 8_000).placement.kind is PlacementKind.CPU_PINNED
+    # with the gather before the DMA, the GPU wins, as it did measured (push + pull 0.79 ms vs 1.32 at dim 1,000)
+    assert solve_placement(h200_vm(22e9), request, 8_000).placement.kind is PlacementKind.SINGLE_GPU
+
+
 def test_cross_node_bandwidth_is_the_bottleneck() -> None:
     slow_host = Node.from_units(**_node(gpu_to_pinned_gb_per_s=[24, 6], pinned_to_gpu_gb_per_s=[25, 8]))
     t = Topology(name="two", nodes=(slow_host, slow_host), inter_node=12.5 * GB)

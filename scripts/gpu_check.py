@@ -1,6 +1,6 @@
-"""GPU check for placement (issue 3): profile, migrate GPU -> pinned in the real runtime, gather bandwidth.
+"""GPU check for placement (issue 3): profile, migrate GPU -> pinned in the real runtime, gather and write bandwidth.
 
-    python scripts/gpu_check.py            # ~1 minute on one GPU
+    python scripts/gpu_check.py            # ~10 s on one H200
     python scripts/gpu_check.py --json out.json
 
 1. Profiles this machine's topology (``profile_topology``) and prints it.
@@ -8,9 +8,17 @@
    capped (``--gpu-budget-gib``, default 1) so that growing the transition
    dimension re-lays the buffer in place on the GPU, then migrates it to pinned
    host memory; every record is checked after each step, and batches pulled on
-   the GPU are checked too. Prints measured vs modeled migration times.
+   the GPU are checked too. Prints measured vs modeled migration times. The
+   rollouts are made on ``--actors`` (default ``cuda:0``, as an LLM's
+   generations are): with rollouts in pageable host memory Eq. 1 may place the
+   buffer in pinned memory from the start (it did on an H200 VM, whose pageable
+   host->GPU copies ran at a fifth of pinned ones), and nothing would migrate.
 3. Measures sharded gather bandwidth onto ``cuda:0`` (batch 512): one GPU,
    pinned host, half GPU / half pinned, and every GPU when there are several.
+4. Measures a unit's write into a ring on ``cuda:0`` by where the unit lives
+   (pageable, pinned, the GPU), and two ways of staging a pageable unit.
+5. Times the runtime's push and pull with the learner on ``cuda:0`` for the
+   planner's placement, pinned host memory and the GPU, beside plain torch.
 
 Exits 0 with a message when CUDA is absent; 1 if any record check fails.
 """
@@ -67,7 +75,8 @@ def print_topology(topo: Topology) -> None:
     print(f"topology {topo.name}: {len(topo.devices)} devices")
     for d in topo.devices:
         print(f"  {d.id:8s} {d.kind.value:7s} free {format_bytes(d.memory_bytes)}")
-    print(f"  host memcpy {format_bandwidth(node.host_memcpy)}")
+    gather = format_bandwidth(node.host_gather) if node.host_gather is not None else "not measured"
+    print(f"  host memcpy {format_bandwidth(node.host_memcpy)}, host gather {gather}")
     for g in range(node.gpu_count):
         pinned = node.pinned_to_gpu[g] if node.pinned_to_gpu else float("nan")
         to_pinned = node.gpu_to_pinned[g] if node.gpu_to_pinned else float("nan")
@@ -75,6 +84,11 @@ def print_topology(topo: Topology) -> None:
             f"  cuda:{g}: local {format_bandwidth(node.gpu_local[g])}, "
             f"host->gpu {format_bandwidth(node.host_to_gpu[g])}, gpu->host {format_bandwidth(node.gpu_to_host[g])}, "
             f"pinned->gpu {format_bandwidth(pinned)}, gpu->pinned {format_bandwidth(to_pinned)}"
+        )
+        gpu = f"cuda:{g}"
+        print(
+            f"          deliver to {gpu} from pinned {format_bandwidth(topo.deliver_bandwidth('pinned', gpu))}, "
+            f"from its own memory {format_bandwidth(topo.deliver_bandwidth(gpu, gpu))}"
         )
         peers = [f"{format_bandwidth(bw)}" for j, bw in enumerate(node.gpu_to_gpu[g]) if j != g]
         if peers:
@@ -90,9 +104,11 @@ def capped(topo: Topology, gpu_budget: int) -> Topology:
     return Topology(name=f"{topo.name}-capped", notes=topo.notes, nodes=(Node(**data),))
 
 
-def migration_check(topo: Topology, capacity: int, unit_rows: int, dims: list[int], budget: int) -> dict[str, Any]:
+def migration_check(
+    topo: Topology, capacity: int, unit_rows: int, dims: list[int], budget: int, actors: str
+) -> dict[str, Any]:
     policy = PlacementPolicy(
-        capped(topo, budget), actors="cpu", learners="cuda:0", capacity=capacity, headroom=0.0,
+        capped(topo, budget), actors=actors, learners="cuda:0", capacity=capacity, headroom=0.0,
         kinds=["single_gpu", "cpu_pinned"],
     )
     firsts: list[int] = []
@@ -107,7 +123,7 @@ def migration_check(topo: Topology, capacity: int, unit_rows: int, dims: list[in
             for _ in range(max(1, capacity // unit_rows)):
                 firsts.append(tid)
                 used.append(dim)
-                edp.push(unit(tid, unit_rows, dim))
+                edp.push({k: v.to(actors) for k, v in unit(tid, unit_rows, dim).items()})
                 tid += unit_rows
             edp.flush()
             for _ in range(4):
@@ -180,6 +196,134 @@ def gather_bandwidth(dim: int, rows: int, batch: int, repeats: int) -> list[dict
     return out
 
 
+def ingestion_bandwidth(dim: int, unit_rows: int, repeats: int) -> list[dict[str, Any]]:
+    """A unit of ``unit_rows`` written into a ring on ``cuda:0``, by where the unit lives.
+
+    Also two ways of staging a pageable unit through pinned memory (measured here only, to size what a
+    staged write path would win): the whole unit memcpy'd into one pinned buffer then copied, and the same in
+    4 MiB chunks on two pinned buffers so the memcpy of one chunk overlaps the DMA of the one before.
+    """
+    spec = ExperienceSpec.of(obs=((dim,), "float32"), next_obs=((dim,), "float32"))
+    ring = TensorStorage(spec, unit_rows * 8, "cuda:0")
+    pageable = {k: torch.randn(unit_rows, dim) for k in ("obs", "next_obs")}
+    sources = {
+        "pageable cpu": pageable,
+        "pinned cpu": {k: v.pin_memory() for k, v in pageable.items()},
+        "cuda:0": {k: v.to("cuda:0") for k, v in pageable.items()},
+    }
+    nbytes = 2 * unit_rows * dim * 4
+    stage = torch.empty(nbytes // 4, dtype=torch.float32, pin_memory=True)
+    chunk = (4 << 20) // 4
+    halves = [torch.empty(chunk, dtype=torch.float32, pin_memory=True) for _ in range(2)]
+    done = [torch.cuda.Event(), torch.cuda.Event()]
+    stream = torch.cuda.Stream()
+
+    def staged_whole(start: int) -> None:
+        lo = 0
+        for k, src in pageable.items():
+            flat = src.view(-1)
+            stage[lo : lo + flat.numel()].numpy()[:] = flat.numpy()
+            ring.tensors[k][start : start + unit_rows].view(-1).copy_(stage[lo : lo + flat.numel()], non_blocking=True)
+            lo += flat.numel()
+
+    def staged_chunks(start: int) -> None:
+        b = 0
+        with torch.cuda.stream(stream):
+            for k, src in pageable.items():
+                flat, dst = src.view(-1), ring.tensors[k][start : start + unit_rows].view(-1)
+                for lo in range(0, flat.numel(), chunk):
+                    n = min(chunk, flat.numel() - lo)
+                    done[b].synchronize()  # its last DMA finished: the buffer is free
+                    halves[b][:n].numpy()[:] = flat[lo : lo + n].numpy()
+                    dst[lo : lo + n].copy_(halves[b][:n], non_blocking=True)
+                    done[b].record(stream)
+                    b ^= 1
+        torch.cuda.current_stream().wait_stream(stream)
+
+    writes = {name: (lambda start, d=data: ring.write(start, d)) for name, data in sources.items()}
+    writes["pageable, staged whole"] = staged_whole
+    writes["pageable, staged 4 MiB x2"] = staged_chunks
+    out = []
+    for name, write in writes.items():
+        for r in range(3):
+            write(r * unit_rows)
+        torch.cuda.synchronize()
+        times = []
+        for r in range(repeats):
+            t0 = time.perf_counter()
+            write((r % 8) * unit_rows)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        seconds = sorted(times)[len(times) // 2]
+        out.append({"source": name, "seconds": seconds, "bytes_per_s": nbytes / seconds})
+        print(f"  {name:26s} {seconds * 1e3:8.3f} ms / unit   {format_bandwidth(nbytes / seconds):>12s}")
+    ok = torch.equal(ring.tensors["obs"][7 * unit_rows : 8 * unit_rows].cpu(), pageable["obs"])
+    print(f"  staged rows {'intact' if ok else 'CORRUPT'}")
+    ring.close()
+    return out
+
+
+def runtime_paths(dims: list[int], capacity: int, repeats: int) -> list[dict[str, Any]]:
+    """The real runtime, learner on ``cuda:0``, rollouts in pageable host memory: push and pull per placement.
+
+    Each iteration pushes a unit of 256 transitions and pulls a batch of 512 (inline, synchronized), the
+    DQN-like loop's experience path; "planner" is the default (Alg. 1 on this machine's profile). The ring is
+    filled past one lap first (those pushes, into rows never written, are timed apart as "first lap").
+    """
+    out = []
+    for dim in dims:
+        for where in ("planner", "pinned", "cuda:0"):
+            storage = None if where == "planner" else where
+            with conduit.Conduit(
+                policy="off_policy", train_batch_size=512, capacity=capacity, learner_device="cuda:0",
+                storage_device=storage, seed=0,
+            ) as edp:
+                pool = [unit(k * 256, 256, dim) for k in range(8)]
+                fills = []
+                for k in range(capacity // 256 + 1):
+                    t0 = time.perf_counter()
+                    edp.push(pool[k % len(pool)])
+                    edp.flush()
+                    fills.append(time.perf_counter() - t0)
+                pushes, pulls = [], []
+                for r in range(repeats):
+                    t0 = time.perf_counter()
+                    edp.push(pool[r % len(pool)])
+                    edp.flush()
+                    t1 = time.perf_counter()
+                    batch = edp.pull()
+                    torch.cuda.synchronize()
+                    t2 = time.perf_counter()
+                    pushes.append(t1 - t0)
+                    pulls.append(t2 - t1)
+                    del batch
+                placed = str(getattr(edp.storage_policy, "active", None) or edp.storage_policy)
+            push, pull = sorted(pushes)[repeats // 2], sorted(pulls)[repeats // 2]
+            fill = sorted(fills)[len(fills) // 2]
+            out.append({
+                "dim": dim, "storage": where, "placed": placed, "push_s": push, "pull_s": pull,
+                "first_lap_push_s": fill,
+            })
+            print(f"  dim {dim:5d} {where:8s} {placed:22s} push {push * 1e3:7.3f} ms  pull {pull * 1e3:7.3f} ms  "
+                  f"sum {(push + pull) * 1e3:7.3f} ms  (first-lap push {fill * 1e3:7.3f} ms)")
+        src = torch.randn(capacity, dim, device="cuda:0")
+        idx = [torch.randint(0, capacity, (512,), device="cuda:0") for _ in range(repeats)]
+        torch.cuda.synchronize()
+        times = []
+        for i in idx:
+            t0 = time.perf_counter()
+            torch.index_select(src, 0, i)
+            torch.index_select(src, 0, i)  # obs and next_obs
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        plain = sorted(times)[repeats // 2]
+        out.append({"dim": dim, "storage": "plain index_select on cuda:0", "pull_s": plain})
+        print(f"  dim {dim:5d} plain torch: two index_select of 512 rows on cuda:0 {plain * 1e3:7.3f} ms")
+        del src
+        torch.cuda.empty_cache()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpu-budget-gib", type=float, default=1.0)
@@ -187,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--unit-rows", type=int, default=10_000)
     p.add_argument("--dims", type=int, nargs="+", default=[1_000, 2_000, 4_000])
     p.add_argument("--gather-dim", type=int, default=5_000)
+    p.add_argument("--actors", default="cuda:0", help="where rollouts are made in the migration check")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -197,16 +342,23 @@ def main(argv: list[str] | None = None) -> int:
     topo = profile_topology(name="live", time_budget_s=45.0)
     print_topology(topo)
     print(f"\nmigration check: capacity {args.capacity}, GPU budget {args.gpu_budget_gib} GiB, dims {args.dims}")
-    migration = migration_check(topo, args.capacity, args.unit_rows, args.dims, int(args.gpu_budget_gib * GIB))
+    migration = migration_check(
+        topo, args.capacity, args.unit_rows, args.dims, int(args.gpu_budget_gib * GIB), args.actors
+    )
     torch.cuda.empty_cache()
     print(f"\nsharded gather onto cuda:0, batch 512, dim {args.gather_dim}:")
     gather = gather_bandwidth(args.gather_dim, rows=50_000, batch=512, repeats=50)
+    print(f"\ningestion into a ring on cuda:0, a unit of 256 rows, dim {args.gather_dim} (obs + next_obs):")
+    ingestion = ingestion_bandwidth(args.gather_dim, unit_rows=256, repeats=30)
+    print("\nthe runtime, learner on cuda:0, rollouts in pageable host memory: push 256 + pull 512 (medians):")
+    runtime = runtime_paths([1_000, 5_000], capacity=20_000, repeats=40)
     elapsed = time.perf_counter() - started
     print(f"\n{'OK' if migration['ok'] else 'FAILED'}: every record {'intact' if migration['ok'] else 'NOT intact'} "
           f"({elapsed:.1f} s)")
     if args.json is not None:
         args.json.write_text(json.dumps(
-            {"topology": topo.to_dict(), "migration": migration, "gather": gather, "seconds": elapsed}, indent=2
+            {"topology": topo.to_dict(), "migration": migration, "gather": gather, "ingestion": ingestion,
+             "runtime": runtime, "seconds": elapsed}, indent=2
         ))
     return 0 if migration["ok"] else 1
 

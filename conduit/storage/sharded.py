@@ -347,6 +347,8 @@ def _padded_to_host(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool) ->
     (the GPU is usually short of it when rows leave it); the caching allocator hands a chunk's block to the
     next one only after the copy queued on the same stream is done with it.
     """
+    if src.shape[0] == 0:
+        return
     row_bytes = max(1, dst[0].numel() * dst.element_size())
     step = max(1, PAD_CHUNK_BYTES // row_bytes)
     cols = (slice(None), *(slice(0, k) for k in src.shape[1:]))

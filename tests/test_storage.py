@@ -231,6 +231,20 @@ def test_move_rows_copies_blocks_with_padding() -> None:
     assert dst[1].tensors["obs"][3].tolist() == [8.0, 9.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("rows", [0, 1, 7, 8, 9, 23])
+def test_grown_rows_leaving_a_gpu_are_padded_in_chunks_then_copied_whole(monkeypatch, rows: int) -> None:
+    """The GPU -> host path of a migration after growth (run here on host tensors: the same arithmetic), with
+    chunks of 8 rows: every row whole, zeros beyond the old width, nothing written past the block."""
+    monkeypatch.setattr(sharded_module, "PAD_CHUNK_BYTES", 8 * 6 * 4)  # 8 destination rows of 6 float32
+    src = torch.arange(rows * 2 * 3, dtype=torch.float32).view(rows, 2, 3) + 1
+    dst = torch.full((rows + 2, 2, 6), -1.0)
+    sharded_module._padded_to_host(dst[1 : rows + 1], src, non_blocking=False)
+    expected = torch.zeros((rows, 2, 6))
+    expected[:, :, :3] = src
+    assert torch.equal(dst[1 : rows + 1], expected)
+    assert bool((dst[0] == -1).all()) and bool((dst[rows + 1] == -1).all())
+
+
 # -- the gather's cost, by structure (timings belong to the benchmarks) ----------------------------
 def test_sharded_gathers_do_no_more_work_than_their_layout_needs(monkeypatch) -> None:
     spec = ExperienceSpec.of(obs=((256,), "float32"), action=((), "int64"), reward=((), "float32"))

@@ -229,6 +229,10 @@ def test_settle_takes_the_finest_tie_then_inline_then_the_models_pick() -> None:
         assert settle(order, {fine: 10.0, half: 10.2}).schedule == first
     # a tie never takes a schedule measured outside the margin, however fine
     assert settle(ranked, {coarse: 10.0, fine: 10.5, INLINE: 10.4}).schedule == coarse
+    # bracketed times can reach zero or below (tiny costs, a noisy host): the fastest still ties itself
+    assert settle(ranked, {coarse: -0.2, fine: 0.3}).schedule == coarse
+    assert settle(ranked, {coarse: -10.0, fine: -10.2}).schedule == fine  # 2% apart below zero: still noise
+    assert settle(ranked, {coarse: 0.0, fine: 0.0}).schedule == fine
 
 
 def test_settle_keeps_the_inline_baseline_unless_a_plan_beats_it_by_more_than_the_margin() -> None:

@@ -424,7 +424,10 @@ def settle(ranked: Sequence[Prediction], verified: Mapping[Schedule, float], mar
     if not verified:
         return ranked[0]
     fastest = min(verified.values())
-    tied = [p for p in ranked if p.schedule in verified and verified[p.schedule] <= fastest * (1 + margin)]
+    # measured times are levels plus what each run took beyond the costs alone around it, which noise can
+    # take to zero or below with tiny costs; the margin is of the fastest's size, so such a time ties itself
+    limit = fastest + abs(fastest) * margin
+    tied = [p for p in ranked if p.schedule in verified and verified[p.schedule] <= limit]
 
     def order(p: Prediction) -> tuple[Fraction, bool]:
         return coarseness(p.schedule), p.schedule.ingestion.overlap or p.schedule.delivery.overlap

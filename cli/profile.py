@@ -146,13 +146,15 @@ def _profile_one(console: Console, w: SyntheticWorkload, g_max: int, check: bool
             measured["t_alone_s"] = t_alone  # rollout + update alone, timed in the same rounds
             measured["profiled_alone_s"] = result.costs.t_rollout + result.costs.t_update
             measured["rounds"] = CHECK_ROUNDS
+    placement = _placement(w)
     doc = {
         "workload": {k: (v.value if hasattr(v, "value") else v) for k, v in w.__dict__.items()},
         "bytes_per_sample": w.bytes_per_sample,
         "costs": _costs_json(result.costs),
         "calibration": result.calibration,
         "candidates": [p.to_json() for p in ranked],
-        "chosen": {"schedule": chosen.schedule.to_json(), "placement": "cpu", **chosen.to_json()},
+        "chosen": {"schedule": chosen.schedule.to_json(), "placement": placement["chosen"], **chosen.to_json()},
+        "placement": placement,
         "model_choice": result.model_choice.to_json(),
         "verified": [{"schedule": s.to_json(), "t_iter_s": t} for s, t in result.verified.items()],
         "baseline": baseline.to_json(),
@@ -160,8 +162,33 @@ def _profile_one(console: Console, w: SyntheticWorkload, g_max: int, check: bool
         "profile_seconds": result.seconds,
     }
     if not quiet:
-        _print_profile(console, label, w, result.costs, ranked, chosen, baseline, measured, result.verified)
+        _print_profile(console, label, w, result.costs, ranked, chosen, baseline, measured, result.verified, placement)
     return doc
+
+
+def _placement(w: SyntheticWorkload) -> dict[str, Any]:
+    """Alg. 1 on this machine's live topology for the workload's buffer, rollouts in host memory, the learner
+    on ``cuda:0`` where there is a GPU (what the runtime does for such a learner); the loop itself runs on the
+    CPU in host memory, as a CPU learner's runtime does."""
+    from conduit.placement import PlacementRequest, solve_placement, this_machine_topology
+
+    topo = this_machine_topology()
+    learner = "cuda:0" if topo.gpus(0) else "cpu"
+    rows = w.config().placement_rows
+    result = solve_placement(topo, PlacementRequest(actors="cpu", learners=learner, capacity=rows), w.bytes_per_sample)
+    ranked = sorted((e for e in result.evaluations if e.feasible), key=lambda e: e.transfer_seconds)
+    return {
+        "learner": learner,
+        "rows": rows,
+        "chosen": str(result.placement),
+        "transfer_s_per_sample": result.transfer_seconds,
+        "candidates": [
+            {"placement": str(e.placement), "transfer_s_per_sample": e.transfer_seconds, "feasible": e.feasible}
+            for e in result.evaluations
+        ],
+        "runner_up": str(ranked[1].placement) if len(ranked) > 1 else None,
+        "runner_up_s_per_sample": ranked[1].transfer_seconds if len(ranked) > 1 else None,
+    }
 
 
 def _costs_json(c: Costs) -> dict[str, Any]:
@@ -191,7 +218,7 @@ def _print_machine(console: Console, m: dict[str, Any]) -> None:
     )
 
 
-def _print_profile(console, label, w, costs, ranked, chosen, baseline, measured, verified) -> None:  # type: ignore[no-untyped-def]
+def _print_profile(console, label, w, costs, ranked, chosen, baseline, measured, verified, placement) -> None:  # type: ignore[no-untyped-def]
     console.print(
         f"\n[bold cyan]{label}[/bold cyan]: dim {w.dim} ({w.bytes_per_sample:,} B/transition), "
         f"unit {w.unit_size}, batch {w.train_batch_size}, cost={w.cost.value}; the actor hands its units over "
@@ -231,13 +258,31 @@ def _print_profile(console, label, w, costs, ranked, chosen, baseline, measured,
         )
     console.print(r)
     console.print(
-        "[bold green]Plan:[/bold green] placement [bold]cpu[/bold]; "
+        f"[bold green]Plan:[/bold green] placement [bold]{placement['chosen']}[/bold]; "
         f"ingestion [bold]{chosen.schedule.ingestion}[/bold], "
         f"delivery [bold]{chosen.schedule.delivery}[/bold]; predicted exposed {_ms(chosen.exposed)} ms "
         f"vs inline {_ms(baseline.exposed)} ms"
     )
+    console.print(_placement_line(placement))
     if measured:
         console.print(_measured_line(measured, same=chosen.schedule == baseline.schedule))
+
+
+def _placement_line(p: dict[str, Any]) -> str:
+    """Where Alg. 1 puts this buffer, and what the loop above ran on."""
+    line = (
+        f"[dim]Placement: Alg. 1 on this machine's profile, {p['rows']:,} rows, rollouts in host memory, learner on "
+        f"{p['learner']}: {p['chosen']} ({p['transfer_s_per_sample'] * 1e6:.3f} us per transition modeled"
+    )
+    if p["runner_up"] is not None:
+        line += f"; next {p['runner_up']}, {p['runner_up_s_per_sample'] * 1e6:.3f} us"
+    line += ")"
+    if p["learner"] != "cpu":
+        line += (
+            ". The loop above ran in host memory with a CPU learner; a runtime whose learner is on the GPU places "
+            "its buffer as here unless storage_device pins one"
+        )
+    return line + ".[/dim]"
 
 
 def _measured_line(measured: dict[str, Any], same: bool) -> str:

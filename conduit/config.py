@@ -322,6 +322,12 @@ class ConduitConfig(BaseModel):
             return self.capacity
         return self.train_batch_size + (self.rollout_unit_size or self.train_batch_size)
 
+    @property
+    def placement_rows(self) -> int:
+        """Rows the placement plans room for: the replay capacity, or two on-policy stores (one filling while
+        the learner reads the other)."""
+        return self.storage_rows if self.policy is Policy.OFF_POLICY else 2 * self.storage_rows
+
     def default_schedule(self) -> Schedule:
         """The schedule used when nothing was profiled: the pinned knobs, else a measured prior.
 

@@ -164,9 +164,8 @@ class Conduit:
             return FixedStorage("cpu")  # no GPU, or no learner on one
         from conduit.placement.policy import PlacementPolicy  # scipy and the planner, only when they can matter
 
-        capacity = cfg.capacity if cfg.policy is Policy.OFF_POLICY else 2 * cfg.storage_rows
         return PlacementPolicy.for_this_machine(
-            learners=list(cfg.learner_devices), capacity=capacity, headroom=cfg.memory_headroom
+            learners=list(cfg.learner_devices), capacity=cfg.placement_rows, headroom=cfg.memory_headroom
         )
 
     def _make_sampler(self) -> Sampler:

@@ -34,6 +34,10 @@ def test_profile_json_reports_costs_candidates_and_a_feasible_plan():
         assert costs["t_ing_s"] and costs["t_del_s"]
         cands = w["candidates"]
         assert cands == sorted(cands, key=lambda c: c["t_iter_s"])
+        placement = w["placement"]  # Alg. 1 on the live topology: here, without a GPU, host memory for a CPU learner
+        assert placement["learner"] == "cpu" and placement["chosen"] == w["chosen"]["placement"] == "cpu_pageable(cpu)"
+        rows = w["workload"]["capacity"] if w["workload"]["policy"] == "off_policy" else 2 * (32 * 4 + 32)
+        assert placement["rows"] == rows
         assert w["model_choice"]["schedule"] == cands[0]["schedule"]
         verified = {json.dumps(v["schedule"], sort_keys=True): v["t_iter_s"] for v in w["verified"]}
         key = [json.dumps(c["schedule"], sort_keys=True) for c in cands]
@@ -66,6 +70,25 @@ def test_profile_prints_tables_and_a_plan():
     assert result.exit_code == 0, result.output
     for text in ("Profiled costs", "Candidate schedules", "Plan:", "Measured:", "prioritized sum-tree: "):
         assert text in result.output
+
+
+def test_on_a_gpu_machine_the_profile_names_the_placement_a_gpu_learner_gets(monkeypatch):
+    """The placement line comes from Alg. 1 on the live topology (here a hand-built one GPU machine)."""
+    import conduit.placement as placement_module
+    from conduit.placement import Node, Topology
+
+    gpu = Topology(name="one-gpu", nodes=(Node(
+        host_memory_bytes=64 << 30, pinned_memory_bytes=32 << 30, gpu_memory_bytes=(80 << 30,), host_memcpy=18e9,
+        host_gather=22e9, gpu_local=(1.4e12,), host_to_gpu=(10.5e9,), gpu_to_host=(15e9,), pinned_to_gpu=(55e9,),
+        gpu_to_pinned=(54e9,), gpu_to_gpu=((0.0,),),
+    ),))
+    monkeypatch.setattr(placement_module, "this_machine_topology", lambda refresh=False: gpu)
+    result = CliRunner().invoke(app, ["profile", "--policy", "off", "--no-check", *TINY])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "Plan: placement single_gpu(cuda:0)" in text
+    assert "learner on cuda:0: single_gpu(cuda:0)" in text and "next cpu_pageable(cpu)" in text
+    assert "The loop above ran in host memory with a CPU learner" in text
 
 
 def test_profile_rejects_an_unknown_policy():

@@ -146,7 +146,6 @@ def profile_topology(
     ]
 
     src = torch.empty(nbytes, dtype=torch.uint8).fill_(1)  # touch the pages before timing
-    dst = torch.empty(nbytes, dtype=torch.uint8).fill_(0)
     cuda = torch.cuda.is_available()
     host_memcpy, host_gather = _profile_host(torch, timer, src, pinned=cuda)
 
@@ -163,6 +162,7 @@ def profile_topology(
     if not cuda:
         notes.append("no CUDA device: no GPUs, and no pinned host memory (pinning needs CUDA in torch)")
     else:
+        dst = torch.empty(nbytes, dtype=torch.uint8).fill_(0)  # pageable GPU -> host copies land here
         tables = _profile_gpus(torch, timer, ordinals, src, dst, peer)
         capped = cap_pageable(tables, host_memcpy)
         if capped:

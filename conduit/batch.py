@@ -16,7 +16,74 @@ import torch
 
 from conduit.scheduling.space import Mode
 
-__all__ = ["Batch", "BatchInfo"]
+__all__ = ["Batch", "BatchInfo", "DrawnRows"]
+
+
+class DrawnRows:
+    """The rows one draw took: their slot indices and the transition ids those slots held at the draw.
+
+    Made once per batch and read by few learners (prioritized replay's
+    ``update_priorities``, semantics checks), so the numpy arrays are made
+    when first read: right after a gather has gone through the caches each
+    numpy call costs ~3 us, and the two a pull would make for them were a
+    tenth of a pull at dim 128. A pure replay ring's ids are worked out from
+    the ring's position captured at the draw — never read from the slot
+    table later, whose slots may have been overwritten since:
+    slot ``s`` held id ``next_id - 1 - ((pos - 1 - s) mod capacity)``.
+    """
+
+    __slots__ = ("_ids", "_indices", "_ring", "_tensor")
+
+    def __init__(
+        self,
+        indices: np.ndarray | None = None,
+        ids: np.ndarray | None = None,
+        *,
+        tensor: torch.Tensor | None = None,
+        ring: tuple[int, int, int] | None = None,
+    ) -> None:
+        if indices is None and tensor is None:
+            raise ValueError("DrawnRows needs the slot indices, as an array or a tensor")
+        if ids is None and ring is None:
+            raise ValueError("DrawnRows needs the ids, or the ring's (pos, next_id, capacity) to work them out")
+        self._indices = indices
+        self._tensor = tensor  # a host int64 index tensor (the gather's own) when ``indices`` is not given
+        self._ids = ids
+        self._ring = ring  # (pos, next_id, capacity) of a pure ring at the draw
+
+    @property
+    def indices(self) -> np.ndarray:
+        """Slot indices (int64)."""
+        indices = self._indices
+        if indices is None:
+            assert self._tensor is not None
+            indices = self._indices = self._tensor.numpy()
+        return indices
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Global transition ids the slots held at the draw (int64)."""
+        ids = self._ids
+        if ids is None:
+            assert self._ring is not None
+            pos, next_id, capacity = self._ring
+            ids = (pos - 1) - self.indices
+            np.remainder(ids, capacity, out=ids)
+            np.subtract(next_id - 1, ids, out=ids)
+            self._ids = ids
+        return ids
+
+    def __len__(self) -> int:
+        return len(self._indices) if self._indices is not None else len(self._tensor)  # type: ignore[arg-type]
+
+    def __getitem__(self, part: slice) -> DrawnRows:
+        """The rows of one batch of a multi-batch draw, still unmade where these are."""
+        return DrawnRows(
+            None if self._indices is None else self._indices[part],
+            None if self._ids is None else self._ids[part],
+            tensor=None if self._tensor is None else self._tensor[part],
+            ring=self._ring,
+        )
 
 
 class BatchInfo(NamedTuple):
@@ -32,8 +99,7 @@ class BatchInfo(NamedTuple):
             invocation that produced it.
         epoch / minibatch: on-policy position in the iteration (None off-policy).
         last: the final mini-batch of its iteration for this learner (on-policy).
-        indices: off-policy: ring slots; on-policy: rows within the iteration.
-        ids: global transition ids (ingestion order) of the rows.
+        rows: the rows' :attr:`indices` and :attr:`ids` (:class:`DrawnRows`: arrays made when first read).
         weights: importance-sampling weights (prioritized replay), else None.
         mode: the delivery mode (overlap, granularity) it ran under.
         version_at_delivery: transitions ingested when it was handed over.
@@ -48,11 +114,20 @@ class BatchInfo(NamedTuple):
     minibatch: int | None
     num_minibatches: int | None
     last: bool
-    indices: np.ndarray
-    ids: np.ndarray
+    rows: DrawnRows
     weights: np.ndarray | None
     mode: Mode
     version_at_delivery: int = -1
+
+    @property
+    def indices(self) -> np.ndarray:
+        """Off-policy: ring slots; on-policy: rows within the iteration."""
+        return self.rows.indices
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Global transition ids (ingestion order) of the rows."""
+        return self.rows.ids
 
     @property
     def staleness(self) -> int:

@@ -19,9 +19,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from conduit.batch import DrawnRows
 from conduit.errors import SemanticsError, SpecError
 from conduit.executor import StreamOrder
-from conduit.samplers.base import Sampler
+from conduit.samplers.base import Draw, Sampler
 from conduit.slots import FifoRemover, Remover, SlotTable
 from conduit.spec import Data, ExperienceSpec, SpecHolder, rows_of
 from conduit.storage.base import Storage
@@ -34,10 +35,17 @@ class Sampled(NamedTuple):
     """One off-policy draw: gathered rows plus what the learner may need to know."""
 
     data: dict[str, torch.Tensor]
-    indices: np.ndarray
-    ids: np.ndarray
+    rows: DrawnRows  # slots and the ids they held, as arrays when first read
     weights: np.ndarray | None
     version: int
+
+    @property
+    def indices(self) -> np.ndarray:
+        return self.rows.indices
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self.rows.ids
 
 
 class ReplayBuffer:
@@ -193,11 +201,11 @@ class ReplayBuffer:
             assert order is not None
             if order.enabled:  # CUDA storage: reads wait for writes on other streams
                 order.before_read()
-            idx = draw.tensor if draw.tensor is not None else torch.from_numpy(draw.indices)
+            idx = draw.tensor if draw.tensor is not None else torch.from_numpy(draw.array)
             data = self.storage.gather(idx, device) if out is None else self.storage.gather(idx, device, out)
             if order.enabled:
                 order.after_read()
-            return Sampled(data, draw.indices, self.table.ids[draw.indices], draw.weights, self.inserted)
+            return Sampled(data, self._drawn(draw), draw.weights, self.inserted)
 
     def sample_split(
         self, sizes: Sequence[int], device: torch.device | None = None,
@@ -215,7 +223,7 @@ class ReplayBuffer:
             draw = self.sampler.sample(sum(sizes), self.table, self.rng)
             assert self._order is not None
             self._order.before_read()
-            idx = draw.tensor if draw.tensor is not None else torch.from_numpy(draw.indices)
+            idx = draw.tensor if draw.tensor is not None else torch.from_numpy(draw.array)
             parts, start = [], 0
             for i, n in enumerate(sizes):
                 out = outs[i] if outs is not None else None
@@ -223,8 +231,16 @@ class ReplayBuffer:
                 parts.append(self.storage.gather(sl, device) if out is None else self.storage.gather(sl, device, out))
                 start += n
             self._order.after_read()
-            whole = Sampled({}, draw.indices, self.table.ids[draw.indices], draw.weights, self.inserted)
+            whole = Sampled({}, self._drawn(draw), draw.weights, self.inserted)
             return parts, whole
+
+    def _drawn(self, draw: Draw) -> DrawnRows:
+        """A draw's slots and ids (caller holds the lock): a pure ring's ids are worked out when first read."""
+        ring = self.table.ring_state()
+        if ring is not None:
+            return DrawnRows(draw.array, tensor=draw.tensor, ring=ring)
+        indices = draw.indices
+        return DrawnRows(indices, self.table.ids[indices])
 
     def delivered(self, indices: np.ndarray, ids: np.ndarray) -> int:
         """Count a delivered batch's rows as sampled; evict rows reaching ``max_times_sampled``.

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from conduit.batch import DrawnRows
 from conduit.buffer import ReplayBuffer
 from conduit.errors import ConduitError, SemanticsError
 from conduit.executor import adopt
@@ -100,6 +101,8 @@ def _jsonable(obj: Any) -> Any:
 def _info_to_json(info: dict[str, Any]) -> dict[str, Any]:
     out = dict(info)
     out["mode"] = info["mode"].to_json()
+    drawn: DrawnRows = out.pop("rows")  # written as arrays (made here if they were not yet)
+    out["indices"], out["ids"] = drawn.indices, drawn.ids
     for key in ("indices", "ids", "weights"):
         if out.get(key) is not None:
             out[key] = np.asarray(out[key]).tolist()
@@ -111,8 +114,7 @@ def _info_from_json(d: dict[str, Any]) -> dict[str, Any]:
 
     out = dict(d)
     out["mode"] = Mode(bool(d["mode"]["overlap"]), d["mode"]["granularity"])
-    out["indices"] = np.asarray(d["indices"], dtype=np.int64)
-    out["ids"] = np.asarray(d["ids"], dtype=np.int64)
+    out["rows"] = DrawnRows(np.asarray(out.pop("indices"), dtype=np.int64), np.asarray(out.pop("ids"), dtype=np.int64))
     out["weights"] = None if d.get("weights") is None else np.asarray(d["weights"], dtype=np.float32)
     return out
 
@@ -366,7 +368,7 @@ def _load_replay(rt: Conduit, where: Path, manifest: dict[str, Any], state: dict
                 dlv.staged[rank].append(_Staged(data, _info_from_json(item["info"]), None))
         if state.get("limiter") is not None:
             dlv.limiter.load(state["limiter"])  # type: ignore[attr-defined]
-            dlv.limiter.reserve(sum(len(s.info["indices"]) for q in dlv.staged for s in q))  # type: ignore[attr-defined]
+            dlv.limiter.reserve(sum(len(s.info["rows"]) for q in dlv.staged for s in q))  # type: ignore[attr-defined]
     _load_pending(rt, where)
 
 

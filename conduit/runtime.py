@@ -283,12 +283,14 @@ class Conduit:
 
     def pull(self, learner: int = 0, *, timeout: float | None = None) -> Batch:
         """The next training-ready batch for data-parallel learner ``learner``."""
-        self._ensure_started()
-        assert self.delivery is not None
+        if not self._started:  # _ensure_started's first half: delivery.pull checks for failures itself
+            self.start()
+        delivery = self.delivery
+        assert delivery is not None
         if not self.observers:
-            return self.delivery.pull(learner, timeout)
+            return delivery.pull(learner, timeout)
         t0 = time.perf_counter()
-        batch = self.delivery.pull(learner, timeout)
+        batch = delivery.pull(learner, timeout)
         t1 = time.perf_counter()
         for obs in list(self.observers):
             obs.on_pull(batch, t0, t1)

@@ -37,11 +37,23 @@ class SlotTable:
         self.high = 0  # slots [0, high) were written at least once
         self.pos = 0  # ring pointer of the FIFO fast path
         self._dense: np.ndarray | None = None  # valid slots, rebuilt lazily after a change
+        # while every row came through occupy_ring with consecutive ids, slot s holds id
+        # next_id - 1 - ((pos - 1 - s) mod capacity), and a draw's ids can be worked out later (ring_state)
+        self._pure_ring = True
+        self._next_id = 0
 
     @property
     def contiguous(self) -> bool:
         """No holes: the valid slots are exactly ``[0, count)``."""
         return self.count == self.high
+
+    def ring_state(self) -> tuple[int, int, int] | None:
+        """``(pos, next_id, capacity)`` while every slot was filled by :meth:`occupy_ring` with consecutive ids.
+
+        Then slot ``s`` holds id ``next_id - 1 - ((pos - 1 - s) mod capacity)``, so the ids a draw
+        took can be worked out from this state later (:class:`conduit.batch.DrawnRows`); None otherwise.
+        """
+        return (self.pos, self._next_id, self.capacity) if self._pure_ring else None
 
     def valid_slots(self) -> np.ndarray:
         if self.contiguous:
@@ -75,6 +87,9 @@ class SlotTable:
         self.high = max(self.high, min(cap, start + n))
         self.pos = (start + n) % cap
         self._dense = None
+        if first_id != self._next_id:
+            self._pure_ring = False
+        self._next_id = first_id + n
 
     def allocate(self, n: int, remover: Remover, priorities: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
         """``n`` slots for new rows: free slots first, then what the remover evicts."""
@@ -95,6 +110,7 @@ class SlotTable:
         if slots.size:
             self.high = max(self.high, int(slots.max()) + 1)
         self._dense = None
+        self._pure_ring = False
 
     def release(self, slots: np.ndarray) -> np.ndarray:
         """Free ``slots`` (evicted by ``max_times_sampled``); returns the ones that were valid."""
@@ -104,6 +120,7 @@ class SlotTable:
         self.ids[slots] = -1
         self.count -= slots.size
         self._dense = None
+        self._pure_ring = False
         return slots
 
     def state(self) -> dict[str, Any]:
@@ -122,6 +139,18 @@ class SlotTable:
         self.valid = np.asarray(state["valid"], dtype=bool).copy()
         self.count, self.high, self.pos = int(state["count"]), int(state["high"]), int(state["pos"])
         self._dense = None
+        self._pure_ring, self._next_id = self._ring_arithmetic()
+
+    def _ring_arithmetic(self) -> tuple[bool, int]:
+        """Whether loaded ids are a pure ring's (see :meth:`ring_state`), and the id its next row gets."""
+        if not self.contiguous or (self.count < self.capacity and self.pos != self.count):
+            return False, 0
+        if self.count == 0:
+            return True, 0
+        next_id = int(self.ids[(self.pos - 1) % self.capacity]) + 1
+        slots = np.arange(self.count, dtype=np.int64)
+        expected = next_id - 1 - ((self.pos - 1 - slots) % self.capacity)
+        return bool(np.array_equal(self.ids[: self.count], expected)), next_id
 
 
 class Remover(ABC):

@@ -5,11 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conduit import ExperienceSpec, FieldSpec, SemanticsError, SpecError
 from conduit.buffer import ReplayBuffer
 from conduit.iterations import IterationBuffer
 from conduit.samplers import PrioritizedSampler, UniformSampler
+from conduit.slots import SlotTable, UniformRemover
 from conduit.storage import FixedStorage
 from tests.helpers import transitions
 
@@ -62,6 +65,60 @@ def test_sample_returns_matching_rows_ids_and_version():
     np.testing.assert_array_equal(s.data["tid"].numpy(), s.ids)
     np.testing.assert_array_equal(buf.ids[s.indices], s.ids)
     assert s.data["obs"].shape == (32, 4)
+
+
+@given(
+    writes=st.lists(st.lists(st.integers(1, 13), min_size=1, max_size=3), min_size=1, max_size=12),
+    kind=st.sampled_from(["ring", "prioritized ring", "uniform remover", "max_times_sampled"]),
+)
+def test_a_draws_ids_are_the_ids_its_slots_held_then_whenever_they_are_read(writes, kind):
+    """A pure ring's ids are worked out from the ring's state at the draw when first read (DrawnRows): read
+    after later writes overwrote the slots, they still name the rows gathered (each row's ``tid``)."""
+    sampler = PrioritizedSampler(13, alpha=0.6, beta=0.4) if kind == "prioritized ring" else None
+    kw = {"remover": UniformRemover()} if kind == "uniform remover" else {}
+    if kind == "max_times_sampled":
+        kw["max_times_sampled"] = 3
+    buf = ring(13, sampler, **kw)
+    drawn, first = [], 0
+    for parts in writes:
+        buf.write([transitions(n, start=first + sum(parts[:i])) for i, n in enumerate(parts)])
+        first += sum(parts)
+        s = buf.sample(7)
+        drawn.append(s)
+        if kind == "max_times_sampled":
+            buf.delivered(s.indices, s.ids)
+        split_parts, whole = buf.sample_split([3, 4])
+        drawn.append(whole._replace(data={k: torch.cat([p[k] for p in split_parts]) for k in split_parts[0]}))
+    assert (buf.table.ring_state() is not None) == (kind in ("ring", "prioritized ring"))
+    for s in drawn:  # read only now, after every later write
+        np.testing.assert_array_equal(s.ids, s.data["tid"].numpy())
+        assert s.ids.dtype == np.int64 and s.indices.dtype == np.int64
+        np.testing.assert_array_equal(s.rows[2:5].ids, s.ids[2:5])
+
+
+def test_a_loaded_slot_table_is_a_pure_ring_only_if_its_ids_say_so():
+    buf = ring(8)
+    buf.write([transitions(5)])
+    buf.write([transitions(6, start=5)])  # wraps
+    state = buf.table.state()
+    table = SlotTable(8)
+    table.load(state)
+    assert table.ring_state() == buf.table.ring_state() == (3, 11, 8)
+    s = buf.sample(16)
+    np.testing.assert_array_equal(s.ids, table.ids[s.indices])
+    state["ids"][4] = 99  # not what a ring's writes leave
+    table.load(state)
+    assert table.ring_state() is None
+    table.occupy_ring(2, 11)  # and stays so: its ids are read from the table
+    assert table.ring_state() is None
+
+
+def test_a_uniform_draw_makes_its_slot_array_only_when_read():
+    table = SlotTable(10)
+    table.occupy_ring(10, 0)
+    d = UniformSampler(10).sample(6, table, np.random.default_rng(0))
+    assert d.array is None and d.tensor is not None
+    np.testing.assert_array_equal(d.indices, d.tensor.numpy())
 
 
 @pytest.mark.parametrize("sampler", [None, PrioritizedSampler(16, alpha=0.6, beta=0.4)], ids=["uniform", "prioritized"])

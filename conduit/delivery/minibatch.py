@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conduit.batch import BatchInfo
+from conduit.batch import BatchInfo, DrawnRows
 from conduit.delivery.base import DeliveryPath
 from conduit.iterations import IterationBuffer
 from conduit.operators import Packet
@@ -90,7 +90,7 @@ class MinibatchDelivery(DeliveryPath):
                     learner=meta["learner"], sampled_at_pull=meta["sampled_at_pull"],
                     buffer_version=meta["version"], iteration=meta["iteration"], epoch=pos // m,
                     minibatch=pos % m, num_minibatches=m, last=pos == self.per_iteration - 1,
-                    indices=rows, ids=ids, weights=None, mode=meta["mode"],
+                    rows=DrawnRows(rows, ids), weights=None, mode=meta["mode"],
                 )
             )
         return out

@@ -45,6 +45,7 @@ class ReplayDelivery(DeliveryPath):
         self.block = block
         self._on_sampled = on_sampled
         self._invocation = 0
+        self._g_of: tuple[Mode | None, int] = (None, 1)
         # _pull_direct's placement check, redone only when the buffer's storage object changes: comparing
         # torch devices costs microseconds on a pull's hot path
         self._direct_storage: object = None
@@ -54,6 +55,13 @@ class ReplayDelivery(DeliveryPath):
         # host gather then the transfer operator's copy would be a pageable, synchronous one (an H200 VM, a pull
         # of 512 from a pinned ring at dim 1,000: 1.23-1.38 ms before, 0.96-1.10 after)
         self._gather_to = [d if d.type == "cuda" and self._hookless else None for d in self.devices]
+
+    def _whole_g(self, mode: Mode) -> int:
+        """``int(mode.granularity)``, remembered per mode: a Fraction's ``__int__`` is Python code, ~1-2 us cold."""
+        cached = self._g_of  # one tuple, replaced whole: a concurrent pull never pairs a mode with another's g
+        if cached[0] is not mode:
+            cached = self._g_of = (mode, int(mode.granularity))
+        return cached[1]
 
     @property
     def min_rows(self) -> int:
@@ -85,11 +93,11 @@ class ReplayDelivery(DeliveryPath):
         mode = self.mode
         if not self._direct_learners[learner] or self.graph.tracer.enabled:
             return None
-        g = int(mode.granularity)  # off-policy: a whole number of batches
+        g = self._whole_g(mode)  # off-policy: a whole number of batches
         n = self.batch_size
         limiter = self.limiter
         with self._invoke_locks[learner]:
-            with self.cond:
+            with self._lock:
                 if self.mode is not mode or self.staged[learner] or not limiter.can_sample(g * n, buffer.table.count):
                     return None  # switched schedule (set_mode), leftovers to hand out, or not enough rows yet
                 index = self.pulls[learner]
@@ -118,19 +126,19 @@ class ReplayDelivery(DeliveryPath):
             graph = self.graph
             graph.timings.append((time.perf_counter() - t0, float(g)))
             graph.invocations += 1
+            drawn, weights = s.rows, s.weights
             if g > 1:
                 rest = [
                     _Staged(part, self._info(learner, index, invocation, mode, s, i), None)
                     for i, part in enumerate(parts[1:], start=1)
                 ]
-                with self.cond:
+                with self._lock:
                     self.staged[learner].extend(rest)
-            indices, ids, weights = s.indices, s.ids, s.weights
-            if g > 1:  # the first batch's rows
-                indices, ids, weights = indices[:n], ids[:n], None if weights is None else weights[:n]
+                # the first batch's rows
+                drawn, weights = drawn[:n], None if weights is None else weights[:n]
             info = BatchInfo(
-                learner, index, index, s.version, invocation, None, None, None, False, indices, ids, weights,
-                mode, buffer.inserted,
+                learner, index, index, s.version, invocation, None, None, None, False, drawn, weights, mode,
+                buffer.inserted,
             )
             # counted before the invocation lock goes: a checkpoint (which pauses delivery by taking the
             # lock) then never sees this pull's index without its rows counted as sampled
@@ -165,7 +173,7 @@ class ReplayDelivery(DeliveryPath):
         sl = slice(i * self.batch_size, (i + 1) * self.batch_size)
         return dict(
             learner=learner, sampled_at_pull=sampled_at_pull, buffer_version=s.version, iteration=invocation,
-            epoch=None, minibatch=None, num_minibatches=None, last=False, indices=s.indices[sl], ids=s.ids[sl],
+            epoch=None, minibatch=None, num_minibatches=None, last=False, rows=s.rows[sl],
             weights=None if s.weights is None else s.weights[sl], mode=mode,
         )
 
@@ -174,12 +182,14 @@ class ReplayDelivery(DeliveryPath):
             raise RateLimited(f"a batch now would break the sample/insert ratio ({self.limiter.describe()})")
 
     def _on_pulled(self, learner: int, info: BatchInfo, reserved: bool = True) -> None:
-        rows = len(info.indices)
+        limiter = self.limiter
         if reserved:
-            self.limiter.commit(rows)
-        else:  # the direct path samples and hands over in one step: no reservation between
-            self.limiter.sampled(rows)
-        self.buffer.delivered(info.indices, info.ids)
+            limiter.commit(len(info.rows))
+        else:  # the direct path samples and hands over one batch in one step: no reservation between
+            limiter.sampled(self.batch_size)
+        buffer = self.buffer
+        if buffer.max_times_sampled is not None:  # else nothing is counted per row (and the arrays stay unmade)
+            buffer.delivered(info.indices, info.ids)
         if self._on_sampled is not None and self.limiter.samples_per_insert is not None:
             self._on_sampled()  # actors may be waiting for learners to sample
 
@@ -191,7 +201,7 @@ class ReplayDelivery(DeliveryPath):
         with self.cond:
             for staged in self.staged:
                 for item in staged:
-                    self.limiter.release(len(item.info["indices"]))  # type: ignore[arg-type]
+                    self.limiter.release(len(item.info["rows"]))  # type: ignore[arg-type]
                 staged.clear()
 
     def _version(self) -> int:
@@ -249,14 +259,12 @@ class ReplayDelivery(DeliveryPath):
 
     def _select_gather(self, packet: Packet) -> Packet:
         packet.parts, sampled = self._sample_batches(packet.meta["learner"], len(packet.meta["sizes"]))
-        packet.meta.update(
-            indices=sampled.indices, ids=sampled.ids, weights=sampled.weights, version=sampled.version
-        )
+        packet.meta.update(drawn=sampled.rows, weights=sampled.weights, version=sampled.version)
         return packet
 
     def _infos(self, packet: Packet) -> list[dict[str, object]]:
         m = packet.meta
-        drawn = Sampled({}, m["indices"], m["ids"], m["weights"], m["version"])
+        drawn = Sampled({}, m["drawn"], m["weights"], m["version"])
         return [
             self._info(m["learner"], m["sampled_at_pull"], m["invocation"], m["mode"], drawn, i)
             for i in range(len(m["sizes"]))

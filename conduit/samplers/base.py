@@ -20,11 +20,23 @@ __all__ = ["Draw", "Sampler"]
 
 
 class Draw(NamedTuple):
-    """Slots drawn for one invocation, with importance weights when prioritized."""
+    """Slots drawn for one invocation, with importance weights when prioritized.
 
-    indices: np.ndarray  # int64
+    The slots come as an int64 array, or as a host int64 tensor when the sampler
+    drew one (the gather takes it as it is; :attr:`indices` makes the array).
+    """
+
+    array: np.ndarray | None  # int64 slots (None: see tensor)
     weights: np.ndarray | None = None  # float32, same length
-    tensor: torch.Tensor | None = None  # the same indices as a tensor, when the sampler drew one
+    tensor: torch.Tensor | None = None  # the slots as a tensor, when the sampler drew one
+
+    @property
+    def indices(self) -> np.ndarray:
+        """The slots as an int64 array."""
+        if self.array is not None:
+            return self.array
+        assert self.tensor is not None
+        return self.tensor.numpy()
 
 
 class Sampler(ABC):

@@ -23,8 +23,8 @@ class UniformSampler(Sampler):
         if count == table.high:  # contiguous: the live slots are [0, count)
             if count <= 0:
                 _require(table)
-            idx = torch.randint(0, count, (n,), generator=self.generator)
-            return Draw(idx.numpy(), None, idx)
+            # the tensor alone: its array is made only if someone reads it (conduit.batch.DrawnRows)
+            return Draw(None, None, torch.randint(0, count, (n,), generator=self.generator))
         _require(table)
         valid = table.valid_slots()
         pick = torch.randint(0, valid.size, (n,), generator=self.generator).numpy()

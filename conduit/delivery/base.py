@@ -68,8 +68,8 @@ class DeliveryPath(ABC):
         # learner's batches come from torch's caching allocator, which already recycles them
         self._memory = [BatchMemory() if recycle_batches and d.type == "cpu" else None for d in self.devices]
         self.num_learners = len(self.devices)
-        # the condition's lock by name: ``with self._lock`` is one C call where ``with self.cond`` is two Python ones
-        # (the inline pull's hot path takes it once per batch)
+        # the condition's lock by name: ``with self._lock`` enters and leaves in C, ``with self.cond`` through two
+        # Python methods around it (the inline pull's hot path takes it once per batch)
         self._lock = threading.RLock()
         self.cond = threading.Condition(self._lock)
         self.staged: list[deque[_Staged]] = [deque() for _ in self.devices]

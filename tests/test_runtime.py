@@ -22,6 +22,23 @@ def off_runtime(ing: Mode, dlv: Mode, **kw) -> Conduit:
     return Conduit(schedule=Schedule(ing, dlv), **cfg)
 
 
+@pytest.mark.parametrize("dlv", [Mode(False, 1), Mode(False, 3), Mode(True, 2)], ids=str)
+def test_a_batchs_ids_read_after_its_slots_were_overwritten_still_name_its_rows(dlv):
+    """Pulled batches' provenance is made when first read (a ring's ids from its position at the draw): read
+    only after the ring wrapped several times over their slots, every batch's ids are still its rows' tids."""
+    with off_runtime(Mode(False, 1), dlv, capacity=32) as edp:
+        batches = []
+        for u in range(12):
+            edp.push(transitions(16, start=16 * u))
+            if edp.ready():
+                batches.append(edp.pull())
+        edp.flush()
+        assert edp.buffer.inserted == 192 and len(batches) >= 10  # the 32-slot ring wrapped five times over
+        for b in batches:
+            assert b.info.ids.tolist() == b["tid"].tolist()
+            assert (b.info.indices >= 0).all() and (b.info.indices < 32).all()
+
+
 @pytest.mark.parametrize("ing", OFF_MODES, ids=str)
 @pytest.mark.parametrize("dlv", OFF_MODES, ids=str)
 def test_off_policy_every_mode_ingests_everything_once_and_delivers_valid_rows(ing, dlv):

@@ -205,7 +205,7 @@ class ReplayBuffer:
             data = self.storage.gather(idx, device) if out is None else self.storage.gather(idx, device, out)
             if order.enabled:
                 order.after_read()
-            return Sampled(data, self._drawn(draw), draw.weights, self.inserted)
+            return Sampled(data, self.drawn(draw), draw.weights, self.inserted)
 
     def sample_split(
         self, sizes: Sequence[int], device: torch.device | None = None,
@@ -231,10 +231,10 @@ class ReplayBuffer:
                 parts.append(self.storage.gather(sl, device) if out is None else self.storage.gather(sl, device, out))
                 start += n
             self._order.after_read()
-            whole = Sampled({}, self._drawn(draw), draw.weights, self.inserted)
+            whole = Sampled({}, self.drawn(draw), draw.weights, self.inserted)
             return parts, whole
 
-    def _drawn(self, draw: Draw) -> DrawnRows:
+    def drawn(self, draw: Draw) -> DrawnRows:
         """A draw's slots and ids (caller holds the lock): a pure ring's ids are worked out when first read."""
         ring = self.table.ring_state()
         if ring is not None:

@@ -152,6 +152,10 @@ class BatchMemory:
         self._min_bytes = value
         self._shapes = []
 
+    def recycles(self, spec: ExperienceSpec, rows: int) -> bool:
+        """Whether :meth:`take` hands out memory for ``rows`` rows of ``spec`` (some field is large enough)."""
+        return any(rows * f.bytes_per_sample >= self._min_bytes for f in spec)
+
     def take(self, spec: ExperienceSpec, rows: int) -> dict[str, torch.Tensor] | None:
         shapes = self._shapes
         last = shapes[-1] if shapes else None

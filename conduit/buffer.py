@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from conduit.batch import DrawnRows
+from conduit.batch import BatchInfo, DrawnRows
 from conduit.errors import SemanticsError, SpecError
 from conduit.executor import StreamOrder
 from conduit.samplers.base import Draw, Sampler
@@ -39,13 +39,9 @@ class Sampled(NamedTuple):
     weights: np.ndarray | None
     version: int
 
-    @property
-    def indices(self) -> np.ndarray:
-        return self.rows.indices
-
-    @property
-    def ids(self) -> np.ndarray:
-        return self.rows.ids
+    # the rows' slots and ids, read through ``rows`` as a batch's info reads them
+    indices = BatchInfo.indices
+    ids = BatchInfo.ids
 
 
 class ReplayBuffer:

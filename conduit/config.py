@@ -118,7 +118,10 @@ class ConduitConfig(BaseModel):
         batch_pool: off-policy: recycle the memory of delivered batches among this many
             buffers per learner (a batch stays valid for ``batch_pool - 1`` further pulls;
             0, the default, recycles only memory the learner has dropped, see
-            ``recycle_batches``). Bounds the memory and keeps the output cache-warm.
+            ``recycle_batches``). Bounds the memory, not the time: the default's pulls measured as
+            fast or faster (batch 512, one process: the pool 1.10x the default's pull at dim 128,
+            0.98x at 1,000, 1.18x at 5,000), since the allocator and ``recycle_batches`` hand the
+            next batch the memory the last one just left, still in the caches.
         recycle_batches: host learners (both policies): the memory of a pulled batch's large
             fields (1 MiB and up, where a fresh allocation measured up to 2x slower: an mmap
             faulted in page by page) goes back to a free list once every reference to it

@@ -16,6 +16,7 @@ KINDS = {
     "prioritized": {"sampler": "prioritized"},
     "max_times_sampled": {"max_times_sampled": 2},  # evicts: holes, ids read at the draw
     "rate_limited": {"rate_limit": {"samples_per_insert": 0.5, "tolerance": 64.0}},
+    "batch_pool": {"batch_pool": 2},  # every batch gathered into the learner's ring of batch memory
 }
 
 
@@ -31,10 +32,11 @@ def run(path: str, kw: dict, monkeypatch: pytest.MonkeyPatch) -> tuple[list, lis
         with edp:
             for u in range(3):
                 edp.push(transitions(16, start=16 * u))
-            tids, infos = [], []
+            tids, infos, ptrs = [], [], []
             for k in range(12):
                 b = edp.pull()
                 assert torch.equal(b["tid"], torch.from_numpy(b.info.ids))  # the rows are the ones it names
+                ptrs.append(b["obs"].data_ptr())
                 tids.append(b["tid"].tolist())
                 i = b.info
                 weights = None if i.weights is None else i.weights.tolist()
@@ -44,6 +46,9 @@ def run(path: str, kw: dict, monkeypatch: pytest.MonkeyPatch) -> tuple[list, lis
                 )
                 if k % 3 == 2:
                     edp.push(transitions(16, start=48 + 16 * (k // 3)))
+            if kw.get("batch_pool"):  # the ring's two blocks, taken in turn, on every path
+                assert set(ptrs) == {block["obs"].data_ptr() for block in edp.delivery._pools[0]}
+                assert len(set(ptrs)) == 2 and ptrs[2:] == ptrs[:-2]
             assert (edp.delivery._fast[0] is not None) == (path != "layered")  # built, and under tracing unused:
             gathers = sum(s.name == "select_gather" for s in edp.tracer.spans)
             assert gathers == (12 if path == "graph" else 0)  # every traced pull ran the graph

@@ -114,6 +114,30 @@ def test_gather_returns_new_tensors_in_index_order(make: Factory) -> None:
     assert s.gather(torch.tensor([], dtype=torch.int64))["obs"].shape == (0, 3)
 
 
+@pytest.mark.parametrize("make", [FACTORIES["tensor"], FACTORIES["sharded-1"]], ids=["tensor", "sharded-1"])
+def test_gather_fills_offered_memory_that_fits_and_allocates_for_the_rest(make: Factory) -> None:
+    """Offered memory can be stale (a field widened since it was picked): only what fits is written into."""
+    s, ref = make(SPEC, ROWS), Reference(SPEC, ROWS)
+    s.write(0, rows_of(0, ROWS))
+    ref.write(0, rows_of(0, ROWS))
+    for idx in ([22, 0, 22, 7, 15, 3, 3, 9], [4, 1, 18]):  # a second batch size: the shapes are made afresh
+        n = len(idx)
+        offered = {
+            "obs": torch.empty((n, 3)),  # fits
+            "action": torch.empty((n,), dtype=torch.int32),  # another dtype
+            "done": torch.empty((n + 1,), dtype=torch.bool),  # another number of rows
+            "img": torch.empty((n, 2, 3), dtype=torch.uint8),  # another trailing shape (a widened field)
+        }
+        got = s.gather(torch.tensor(idx), None, offered)
+        assert_same(got, ref.gather(idx))
+        assert got["obs"].data_ptr() == offered["obs"].data_ptr()
+        for name in ("action", "done", "img"):
+            assert got[name].data_ptr() != offered[name].data_ptr(), name
+        # a field offered nothing, or a tensor on another device, gets fresh memory too
+        got = s.gather(torch.tensor(idx), None, {"obs": torch.empty((n, 3), device="meta")})
+        assert_same(got, ref.gather(idx))
+
+
 def test_growable_field_written_narrow_is_zero_padded(make: Factory) -> None:
     wide = ExperienceSpec.of(obs=FieldSpec("obs", (6,), torch.float32, growable=True), action=((), "int64"),
                              done=((), "bool"), img=((2, 2), "uint8"))

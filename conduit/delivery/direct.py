@@ -15,10 +15,11 @@ of counters, timing, provenance, ``BatchInfo`` and ``Batch`` (taken out one at
 a time: 1-3 us each) — is what a pull owes its users.
 
 :func:`direct_pull` builds it for one learner when every batch of the current
-schedule and placement would take the direct path into fresh memory: inline at
+schedule and placement would take the direct path: inline at
 ``g = 1``, no delivery hook, a host learner whose device holds the storage
 (host rows: no CUDA stream order to keep), no batch memory recycled at this
-batch's size, no ``batch_pool``. The closure re-checks, every pull, what can
+batch's size (a ``batch_pool`` ring's memory is taken as the layered path takes
+it, ``ReplayDelivery._recycled``). The closure re-checks, every pull, what can
 change between pulls — the schedule (``set_mode``), the storage (a placement or
 migration, also under the buffer's lock), tracing, the batch memory's
 threshold, staged leftovers, the rate limiter — and returns None, leaving that
@@ -61,7 +62,6 @@ def direct_pull(delivery: ReplayDelivery, learner: int) -> DirectPull | None:
         or mode.overlap
         or delivery._whole_g(mode) != 1
         or not delivery._hookless
-        or delivery.batch_pool
         or device.type != "cpu"  # host rows for a host learner: no CUDA stream order to keep (ReplayBuffer.sample's)
         or storage.devices != (device,)
     ):
@@ -71,6 +71,9 @@ def direct_pull(delivery: ReplayDelivery, learner: int) -> DirectPull | None:
     if memory is not None and memory.recycles(spec, n):
         return None
     min_bytes = memory.min_bytes if memory is not None else 0
+    # batch_pool: the learner's ring of batch memory (ReplayDelivery._recycled) takes every batch
+    pooled = memory is None and bool(delivery.batch_pool)
+    recycled = delivery._recycled
 
     invoke_lock = delivery._invoke_locks[learner]
     lock = delivery._lock
@@ -111,14 +114,17 @@ def direct_pull(delivery: ReplayDelivery, learner: int) -> DirectPull | None:
                 stats.delivered_rows += n
             t0 = perf_counter()
             try:
+                out = recycled(learner, n) if pooled else None
                 with buffer_lock:
                     if buffer.storage is storage and table.count:  # ReplayBuffer.sample, its decisions made
                         draw = sample(n, table, rng)
                         idx = draw.tensor
-                        data = gather(idx if idx is not None else from_numpy(draw.array))
+                        if idx is None:
+                            idx = from_numpy(draw.array)
+                        data = gather(idx, None, out) if out is not None else gather(idx)
                         rows, weights, version = drawn(draw), draw.weights, buffer.inserted
                     else:  # placed elsewhere since the check above, or emptied: the general sample decides
-                        s = buffer.sample(n, device)
+                        s = buffer.sample(n, device, out)
                         data, rows, weights, version = s.data, s.rows, s.weights, s.version
             except Exception as exc:
                 fail(delivery.failure, "delivery operator", exc)

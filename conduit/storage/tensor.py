@@ -270,7 +270,8 @@ class TensorStorage(Storage):
         the shapes of a batch of this size, made once per size: a pull pays for
         every attribute read right after the previous gather, and :func:`fits`
         slices trailing shapes and makes device objects (~1.3 us a field warm,
-        against ~0.35 for this check).
+        against ~0.35 for this check). The check stays inline: the same check as
+        a function measured ~0.68 us a field, half of what it saves.
         """
         host = self._host
         idx = indices if (host and indices.is_cpu) or indices.device == self.device else indices.to(self.device)

@@ -53,7 +53,7 @@ import threading
 import numpy as np
 import torch
 
-from conduit.spec import ExperienceSpec
+from conduit.spec import ExperienceSpec, FieldSpec
 
 __all__ = ["BatchMemory"]
 
@@ -154,7 +154,11 @@ class BatchMemory:
 
     def recycles(self, spec: ExperienceSpec, rows: int) -> bool:
         """Whether :meth:`take` hands out memory for ``rows`` rows of ``spec`` (some field is large enough)."""
-        return any(rows * f.bytes_per_sample >= self._min_bytes for f in spec)
+        return any(self._large(f, rows) for f in spec)
+
+    def _large(self, f: FieldSpec, rows: int) -> bool:
+        """Whether ``rows`` rows of field ``f`` are large enough to recycle (``min_bytes``)."""
+        return rows * f.bytes_per_sample >= self._min_bytes
 
     def take(self, spec: ExperienceSpec, rows: int) -> dict[str, torch.Tensor] | None:
         shapes = self._shapes
@@ -172,7 +176,7 @@ class BatchMemory:
                     fields = [
                         _Field(f.name, f.dtype, (rows, *f.shape), rows * f.bytes_per_sample, self.keep)
                         for f in spec
-                        if rows * f.bytes_per_sample >= self._min_bytes
+                        if self._large(f, rows)
                     ]
                     if len(shapes) >= self.layouts:  # its blocks are freed with their last reference
                         shapes.pop(0)

@@ -121,7 +121,7 @@ def direct_pull(delivery: ReplayDelivery, learner: int) -> DirectPull | None:
                         idx = draw.tensor
                         if idx is None:
                             idx = from_numpy(draw.array)
-                        data = gather(idx, None, out) if out is not None else gather(idx)
+                        data = gather(idx, None, out)
                         rows, weights, version = drawn(draw), draw.weights, buffer.inserted
                     else:  # placed elsewhere since the check above, or emptied: the general sample decides
                         s = buffer.sample(n, device, out)

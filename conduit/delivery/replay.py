@@ -83,10 +83,10 @@ class ReplayDelivery(DeliveryPath):
             if batch is not None:
                 return batch
         memory = self._memory[learner]
-        key = (self.buffer.storage, self.mode, memory.min_bytes if memory is not None else 0)
+        storage, mode, min_bytes = self.buffer.storage, self.mode, memory.min_bytes if memory is not None else 0
         built = self._fast_for[learner]
-        if built is None or built[0] is not key[0] or built[1] is not key[1] or built[2] != key[2]:
-            self._fast_for[learner] = key
+        if built is None or built[0] is not storage or built[1] is not mode or built[2] != min_bytes:
+            self._fast_for[learner] = (storage, mode, min_bytes)
             fast = self._fast[learner] = direct_pull(self, learner)
             if fast is not None:
                 batch = fast()

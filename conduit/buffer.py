@@ -22,6 +22,7 @@ import torch
 from conduit.batch import BatchInfo, DrawnRows
 from conduit.errors import SemanticsError, SpecError
 from conduit.executor import StreamOrder
+from conduit.memory import BatchMemory
 from conduit.samplers.base import Draw, Sampler
 from conduit.slots import FifoRemover, Remover, SlotTable
 from conduit.spec import Data, ExperienceSpec, SpecHolder, rows_of
@@ -64,6 +65,7 @@ class ReplayBuffer:
         growable: frozenset[str] = frozenset(),
         remover: Remover | None = None,
         max_times_sampled: int | None = None,
+        recycle_batches: bool = True,
     ) -> None:
         self.capacity = capacity
         self.policy = storage
@@ -85,6 +87,8 @@ class ReplayBuffer:
         #: called (outside the lock) after rows were written
         self.on_data: list[Callable[[], None]] = []
         self.migrations = 0
+        #: host memory of dropped batches for :meth:`sample` calls given no ``out`` (the delivery offers its own)
+        self.memory = BatchMemory() if recycle_batches else None
 
     @property
     def spec(self) -> ExperienceSpec | None:
@@ -188,7 +192,17 @@ class ReplayBuffer:
     def sample(
         self, n: int, device: torch.device | None = None, out: Mapping[str, torch.Tensor] | None = None
     ) -> Sampled:
-        """Draw ``n`` rows and gather them atomically (into ``out`` when given: recycled batch memory)."""
+        """Draw ``n`` rows and gather them atomically.
+
+        Into ``out`` when given (the delivery's recycled batch memory); otherwise a
+        host batch's large fields go into memory of batches already dropped
+        (:class:`~conduit.memory.BatchMemory`, unless ``recycle_batches=False``):
+        a fresh multi-MB block is a new mapping whose pages fault in on every
+        call (measured at dim 5,000, batch 512: ~5,000 page faults and 4.8x
+        ``index_select(out=)`` per call, against 1.06x for a recycled pull).
+        """
+        if out is None and self.memory is not None:
+            out = self._dropped_memory(n, device)
         with self.lock:
             if self.storage is None or self.table.count == 0:
                 raise SemanticsError("cannot sample from an empty buffer")
@@ -202,6 +216,19 @@ class ReplayBuffer:
             if order.enabled:
                 order.after_read()
             return Sampled(data, self.drawn(draw), draw.weights, self.inserted)
+
+    def _dropped_memory(self, n: int, device: torch.device | None) -> dict[str, torch.Tensor] | None:
+        """Recycled host memory for ``n`` rows, or None (device rows, small fields, nothing stored yet).
+
+        Taken before the lock, as the delivery takes its own: a field that a
+        migration has changed since gets fresh memory from the storage's gather.
+        """
+        spec, storage = self.spec, self.storage
+        if spec is None or storage is None or self.memory is None:
+            return None
+        if any(d.type != "cpu" for d in ((device,) if device is not None else storage.devices)):
+            return None
+        return self.memory.take(spec, n)
 
     def sample_split(
         self, sizes: Sequence[int], device: torch.device | None = None,

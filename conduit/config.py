@@ -127,7 +127,8 @@ class ConduitConfig(BaseModel):
             faulted in page by page) goes back to a free list once every reference to it
             (batch, tensor, view, numpy array) is gone, and the next batch is gathered into
             it — nothing alive is ever overwritten. Smaller fields come from the allocator,
-            which reuses them as fast. ``False``: fresh memory every pull.
+            which reuses them as fast. The same holds for ``edp.buffer.sample(n)`` called
+            directly. ``False``: fresh memory every pull.
         presort: on-policy: each iteration's rows are stored in the order of its last epoch's
             shuffled mini-batches (the plan is drawn when its first rows arrive), so that epoch's
             mini-batches reach the learner as views of the store instead of gathered copies

@@ -204,6 +204,7 @@ class Conduit:
                     cfg.capacity, self.storage_policy, self._make_sampler(),
                     spec=self.spec_declared, seed=cfg.seed, growable=self.growable,
                     remover=make_remover(cfg.remover.value), max_times_sampled=cfg.max_times_sampled,
+                    recycle_batches=cfg.recycle_batches,
                 )
                 limiter = self._make_limiter()
                 self.delivery = ReplayDelivery(

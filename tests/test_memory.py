@@ -120,6 +120,32 @@ def test_recycling_off_and_batch_pool_use_their_own_memory():
         assert ptrs(edp.pull()) == a  # overwritten two pulls later, by contract
 
 
+def test_direct_buffer_samples_reuse_dropped_memory_and_keep_held_ones_intact():
+    with runtime() as edp:
+        buf = edp.buffer
+        buf.memory.min_bytes = 0
+        first = buf.sample(8)
+        assert torch.equal(first.data["action"], torch.from_numpy(first.ids))  # the rows the draw names
+        before = ptrs(first.data)
+        del first
+        held = buf.sample(8)
+        assert ptrs(held.data) == before  # the dropped batch's memory
+        expected = {k: v.clone() for k, v in held.data.items()}
+        for _ in range(10):
+            s = buf.sample(8)
+            assert torch.equal(s.data["action"], torch.from_numpy(s.ids))
+            assert ptrs(s.data) != before
+        assert all(torch.equal(held.data[k], expected[k]) for k in expected)
+        assert buf.memory.recycled >= len(SPEC.fields)
+
+
+def test_direct_buffer_samples_allocate_afresh_with_recycling_off():
+    with runtime(recycle_batches=False) as edp:
+        assert edp.buffer.memory is None
+        s = edp.buffer.sample(8)
+        assert torch.equal(s.data["action"], torch.from_numpy(s.ids))
+
+
 def test_overlapped_granular_delivery_recycles_too():
     with runtime(schedule=Schedule(Mode(False, 1), Mode(True, 3))) as edp:
         for _ in range(30):

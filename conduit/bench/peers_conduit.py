@@ -221,7 +221,8 @@ class ConduitPeer(Peer):
                 Role.CONDUIT_GATHER,
                 self._gather(self.headline),
                 u,
-                note="the raw gather operator: sampler + index_select per field, no pull bookkeeping",
+                note="the raw gather operator: sampler + index_select per field (fields of 1 MiB and up into "
+                "dropped batches' memory, as a pull), no pull bookkeeping",
             ),
         ]
         for mode, edp in self.variants.items():

@@ -89,6 +89,7 @@ class ReplayBuffer:
         self.migrations = 0
         #: host memory of dropped batches for :meth:`sample` calls given no ``out`` (the delivery offers its own)
         self.memory = BatchMemory() if recycle_batches else None
+        self._recycling: tuple[object, ...] | None = None  # (storage, spec, rows, device, min_bytes, recycle?)
 
     @property
     def spec(self) -> ExperienceSpec | None:
@@ -223,12 +224,23 @@ class ReplayBuffer:
         Taken before the lock, as the delivery takes its own: a field that a
         migration has changed since gets fresh memory from the storage's gather.
         """
-        spec, storage = self.spec, self.storage
-        if spec is None or storage is None or self.memory is None:
+        memory, spec, storage = self.memory, self.spec, self.storage
+        if spec is None or storage is None or memory is None:
             return None
-        if any(d.type != "cpu" for d in ((device,) if device is not None else storage.devices)):
-            return None
-        return self.memory.take(spec, n)
+        # whether to recycle, decided once per storage, spec, size, target and threshold: worked out on
+        # every call it cost small batches (no field to recycle) ~6 us, 7% of a sample at dim 128
+        seen = self._recycling
+        if (
+            seen is None
+            or seen[0] is not storage
+            or seen[1] is not spec
+            or seen[2] != n
+            or seen[3] != device
+            or seen[4] != memory.min_bytes
+        ):
+            host = all(d.type == "cpu" for d in ((device,) if device is not None else storage.devices))
+            seen = self._recycling = (storage, spec, n, device, memory.min_bytes, host and memory.recycles(spec, n))
+        return memory.take(spec, n) if seen[5] else None
 
     def sample_split(
         self, sizes: Sequence[int], device: torch.device | None = None,

@@ -89,6 +89,7 @@ def test_micro_result_has_every_role_and_byte_count(tiny_result: MicroResult) ->
         (Op.DELIVER, Role.CONDUIT_GATHER),
         (Op.DELIVER, Role.CONDUIT_POOLED),
         (Op.DELIVER, Role.INDEX_SELECT),
+        (Op.DELIVER, Role.INDEX_SELECT_SAME),
         (Op.DELIVER, Role.MEMCPY),
         (Op.DELIVER, Role.NUMPY),
     ):
@@ -175,6 +176,7 @@ def test_ratios_and_verdicts_follow_the_issue_targets() -> None:
             _case("pull", Op.DELIVER, Role.CONDUIT, 1.0),
             _case("gather", Op.DELIVER, Role.CONDUIT_GATHER, 0.9),
             _case("isel", Op.DELIVER, Role.INDEX_SELECT, 0.9),
+            _case("isel same", Op.DELIVER, Role.INDEX_SELECT_SAME, 0.8),
             _case("memcpy", Op.DELIVER, Role.MEMCPY, 0.5),
             _case("trl", Op.DELIVER, Role.TORCHRL, 3.0),
             _case("trl pf", Op.DELIVER, Role.TORCHRL_PREFETCH, 1.5),
@@ -186,6 +188,8 @@ def test_ratios_and_verdicts_follow_the_issue_targets() -> None:
     )
     r = micro_ratios(d)
     assert r["pull/index_select"] == pytest.approx(1 / 0.9)
+    assert r["pull/index_select_same_storage"] == pytest.approx(1 / 0.8)  # the baseline on Conduit's own ring
+    assert r["gather_op/index_select_same_storage"] == pytest.approx(0.9 / 0.8)
     assert r["torchrl_best/pull"] == pytest.approx(1.5)  # against TorchRL's faster variant
     assert r["pull/memcpy"] == pytest.approx(2.0)
     verdicts = {t.detail: t.met for t in micro_targets(MicroResult(TINY, {}, [d]))}

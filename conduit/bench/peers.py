@@ -59,6 +59,8 @@ class Role(str, Enum):
 
     SLICE_COPY = "slice_copy"  # ingestion bound: contiguous slice copies into preallocated storage
     INDEX_SELECT = "index_select"  # delivery baseline: torch.index_select(out=) on preallocated storage
+    # the same baseline on Conduit's own ring: the same memory as Conduit's pulls, so a ratio holds no storage luck
+    INDEX_SELECT_SAME = "index_select_same_storage"
     MEMCPY = "memcpy"  # delivery bound: the batch's bytes copied contiguously
     CONDUIT = "conduit"  # the headline: push / pull, inline g=1
     CONDUIT_VARIANT = "conduit_variant"  # another schedule (granularity, overlap)

@@ -140,6 +140,7 @@ class ConduitPeer(Peer):
         # the headline gathering every batch into fresh memory (recycle_batches=False): what recycling buys
         self.fresh = self._runtime(Schedule(one, one), recycle=False)
         self._k = 0
+        self._same_out: dict[str, torch.Tensor] | None = None
 
     def _runtime(
         self,
@@ -208,6 +209,28 @@ class ConduitPeer(Peer):
 
         return block
 
+    def _index_select_same(self) -> Any:
+        """``index_select(out=)`` from the ring Conduit's pulls read: TorchPlain's gather, on the same memory."""
+        data = self.data
+        gen = torch.Generator().manual_seed(data.seed + 5)
+
+        def block(n: int) -> None:
+            ring = self.shared.storage
+            assert ring is not None
+            tensors = ring.tensors
+            out = self._same_out
+            if out is None:
+                out = self._same_out = {
+                    k: torch.empty((data.batch, *t.shape[1:]), dtype=t.dtype) for k, t in tensors.items()
+                }
+            cap, b = ring.rows, data.batch
+            for _ in range(n):
+                idx = torch.randint(0, cap, (b,), generator=gen)
+                for name, t in tensors.items():
+                    torch.index_select(t, 0, idx, out=out[name])
+
+        return block
+
     def cases(self) -> list[Case]:
         lib, u, p = self.library, Sampling.UNIFORM, Sampling.PRIORITIZED
         head = str(self.headline.schedule.delivery)
@@ -223,6 +246,16 @@ class ConduitPeer(Peer):
                 u,
                 note="the raw gather operator: sampler + index_select per field (fields of 1 MiB and up into "
                 "dropped batches' memory, as a pull), no pull bookkeeping",
+            ),
+            Case(
+                "torch index_select(out=), Conduit's storage",
+                "torch",
+                Op.DELIVER,
+                Role.INDEX_SELECT_SAME,
+                self._index_select_same(),
+                u,
+                note="the plain baseline gathering from the ring Conduit's pulls read: two storages' memory "
+                "gathers at different speeds in one process, so this ratio holds Conduit's own cost alone",
             ),
         ]
         for mode, edp in self.variants.items():
@@ -284,5 +317,6 @@ class ConduitPeer(Peer):
                     edp.close()
 
     def close(self) -> None:
+        self._same_out = None
         for edp in self.runtimes:
             edp.close()

@@ -77,6 +77,7 @@ def micro_ratios(d: DimResult) -> dict[str, float | None]:
     push = d.find(Op.INGEST, Role.CONDUIT)
     best_push = d.best_conduit(Op.INGEST)
     isel, memcpy = d.find(Op.DELIVER, Role.INDEX_SELECT), d.find(Op.DELIVER, Role.MEMCPY)
+    isel_same = d.find(Op.DELIVER, Role.INDEX_SELECT_SAME)
     trl, trl_pf = d.find(Op.DELIVER, Role.TORCHRL), d.find(Op.DELIVER, Role.TORCHRL_PREFETCH)
     cp, npr = d.find(Op.DELIVER, Role.CPPRB), d.find(Op.DELIVER, Role.NUMPY)
     slice_copy = d.find(Op.INGEST, Role.SLICE_COPY)
@@ -85,6 +86,9 @@ def micro_ratios(d: DimResult) -> dict[str, float | None]:
     return {
         "pull/index_select": _ratio(pull, isel),
         "gather_op/index_select": _ratio(d.find(Op.DELIVER, Role.CONDUIT_GATHER, U), isel),
+        "pull/index_select_same_storage": _ratio(pull, isel_same),
+        "gather_op/index_select_same_storage": _ratio(d.find(Op.DELIVER, Role.CONDUIT_GATHER, U), isel_same),
+        "index_select/index_select_same_storage": _ratio(isel, isel_same),
         "pooled_pull/index_select": _ratio(pooled, isel),
         "best_pull/index_select": _ratio(best_pull, isel),
         "pull/memcpy": _ratio(pull, memcpy),

@@ -13,8 +13,9 @@ and leaves contents, counters and sampler state exactly as they were.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -89,7 +90,8 @@ class ReplayBuffer:
         self.migrations = 0
         #: host memory of dropped batches for :meth:`sample` calls given no ``out`` (the delivery offers its own)
         self.memory = BatchMemory() if recycle_batches else None
-        self._recycling: tuple[object, ...] | None = None  # (storage, spec, rows, device, min_bytes, recycle?)
+        # (weak storage, spec, rows, device, min_bytes, recycle?) of the last direct sample: see _dropped_memory
+        self._recycling: tuple[Any, ...] | None = None
 
     @property
     def spec(self) -> ExperienceSpec | None:
@@ -232,14 +234,15 @@ class ReplayBuffer:
         seen = self._recycling
         if (
             seen is None
-            or seen[0] is not storage
+            or seen[0]() is not storage  # a weak reference: a migrated-away ring is not kept alive here
             or seen[1] is not spec
             or seen[2] != n
             or seen[3] != device
             or seen[4] != memory.min_bytes
         ):
             host = all(d.type == "cpu" for d in ((device,) if device is not None else storage.devices))
-            seen = self._recycling = (storage, spec, n, device, memory.min_bytes, host and memory.recycles(spec, n))
+            recycle = host and memory.recycles(spec, n)
+            seen = self._recycling = (weakref.ref(storage), spec, n, device, memory.min_bytes, recycle)
         return memory.take(spec, n) if seen[5] else None
 
     def sample_split(

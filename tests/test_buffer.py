@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
@@ -177,6 +180,22 @@ def test_growable_field_relayout_keeps_every_record_padded():
     assert torch.equal(c["obs"][3:], torch.full((2, 5), 2.0))
     buf.write([{"obs": torch.ones(1, 2), "tid": torch.tensor([5])}])  # a smaller one is padded
     assert buf.contents()["obs"][5].tolist() == [1, 1, 0, 0, 0]
+
+
+def test_direct_samples_follow_a_migration_and_never_keep_the_old_storage_alive():
+    spec = ExperienceSpec.of(obs=FieldSpec("obs", (2,), torch.float32, growable=True), tid=((), "int64"))
+    buf = ring(6, spec=spec)
+    buf.memory.min_bytes = 0  # recycle even these tiny fields
+    buf.write([{"obs": torch.ones(3, 2), "tid": torch.arange(3)}])
+    first = buf.sample(4)
+    assert first.data["obs"].shape == (4, 2)
+    old = weakref.ref(buf.storage)
+    buf.write([{"obs": torch.full((2, 5), 2.0), "tid": torch.arange(3, 5)}])  # widens obs: a new storage
+    del first
+    gc.collect()
+    assert old() is None  # the recycling decision holds the migrated-away ring weakly
+    s = buf.sample(4)
+    assert s.data["obs"].shape == (4, 5) and torch.equal(s.data["tid"], torch.from_numpy(s.ids))
 
 
 def test_iteration_buffer_never_mixes_iterations():

@@ -37,6 +37,7 @@ __all__ = [
     "Role",
     "Sampling",
     "TorchPlain",
+    "index_select_into",
     "load_peer",
 ]
 
@@ -221,6 +222,16 @@ def _ring_positions(pos: int, n: int, capacity: int) -> list[tuple[int, int, int
     return out
 
 
+def index_select_into(
+    storage: dict[str, torch.Tensor], out: dict[str, torch.Tensor], rows: int, batch: int, gen: torch.Generator, n: int
+) -> None:
+    """The plain delivery baseline ``n`` times: draw ``batch`` of ``rows`` (torch), ``index_select(out=)`` per field."""
+    for _ in range(n):
+        idx = torch.randint(0, rows, (batch,), generator=gen)
+        for name, t in storage.items():
+            torch.index_select(t, 0, idx, out=out[name])
+
+
 def _huge_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     t = torch.empty(shape, dtype=dtype)
     hugepages.advise(t)
@@ -262,11 +273,7 @@ class TorchPlain(Peer):
             self._k += 1
 
     def gather(self, n: int) -> None:
-        cap, b = self.data.capacity, self.data.batch
-        for _ in range(n):
-            idx = torch.randint(0, cap, (b,), generator=self.gen)
-            for name, t in self.storage.items():
-                torch.index_select(t, 0, idx, out=self.out[name])
+        index_select_into(self.storage, self.out, self.data.capacity, self.data.batch, self.gen, n)
 
     def memcpy(self, n: int) -> None:
         cap, b = self.data.capacity, self.data.batch

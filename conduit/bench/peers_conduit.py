@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from conduit.bench.peers import Case, MicroData, Op, Peer, Role, Sampling
+from conduit.bench.peers import Case, MicroData, Op, Peer, Role, Sampling, index_select_into
 from conduit.config import SamplerKind
 from conduit.runtime import Conduit
 from conduit.scheduling.space import Mode, Schedule
@@ -223,11 +223,7 @@ class ConduitPeer(Peer):
                 out = self._same_out = {
                     k: torch.empty((data.batch, *t.shape[1:]), dtype=t.dtype) for k, t in tensors.items()
                 }
-            cap, b = ring.rows, data.batch
-            for _ in range(n):
-                idx = torch.randint(0, cap, (b,), generator=gen)
-                for name, t in tensors.items():
-                    torch.index_select(t, 0, idx, out=out[name])
+            index_select_into(tensors, out, ring.rows, data.batch, gen, n)
 
         return block
 

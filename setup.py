@@ -2,7 +2,7 @@
 
 ``conduit._native`` holds the few kernels where numpy's per-call cost or its choice
 of instructions is what a replay buffer waits for: a copy with non-temporal stores
-(conduit.storage.streaming says why and what it measured) and the prioritized
+(conduit.storage.streaming says why) and the prioritized
 sampler's sum-tree (conduit.samplers.sumtree). It is optional: where no C compiler
 is found the build skips it with a warning, and Conduit uses numpy instead.
 """

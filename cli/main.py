@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 import typer
-from conduit.cli import bench as _bench
+from conduit.cli import harness as _harness
 from conduit.cli import plan as _plan
 from conduit.cli import profile as _profile
 
@@ -24,7 +24,7 @@ app = typer.Typer(
 
 app.command("profile")(_profile.profile)
 app.command("plan")(_plan.plan)
-app.add_typer(_bench.app, name="bench")
+app.add_typer(_harness.app, name="bench")
 
 
 @app.callback()

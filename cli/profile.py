@@ -6,7 +6,7 @@ through the real runtime, and prints the profiled costs, the ranked candidate
 schedules with predicted ``T_iter`` and exposed experience-path latency, the
 chosen placement + schedule, and a measured check of the choice against the
 inline baseline (an RLlib-style buffer). ``--json`` writes the same to stdout
-machine-readably; ``--validate`` runs the cost-model validation sweep.
+machine-readably. The cost-model validation sweep is a benchmark (``conduit bench validate``).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from conduit.core import INLINE, Policy
 from conduit.samplers import sumtree
 from conduit.scheduling.model import Costs, predict
-from conduit.scheduling.profiler import INLINE, ProfileSettings, interleaved_medians, profile_workload
-from conduit.scheduling.space import Policy
+from conduit.scheduling.profiler import ProfileSettings, interleaved_medians, profile_workload
+from conduit.scheduling.workload import DRIFT, CostKind, SyntheticWorkload, standalone_costs
 from conduit.storage import streaming
-from conduit.synthetic import DRIFT, CostKind, SyntheticWorkload, standalone_costs
 
 POLICIES = {"off": [Policy.OFF_POLICY], "on": [Policy.ON_POLICY], "both": [Policy.OFF_POLICY, Policy.ON_POLICY]}
 CHECK_ROUNDS = 3  # interleaved runs of the plan and of inline in the closing check (medians)
@@ -82,8 +82,6 @@ def profile(
     g_max: int = typer.Option(4, min=1, max=16, help="Cap on off-policy granularities."),
     config: Path | None = typer.Option(None, exists=True, dir_okay=False, help="JSON/YAML file with these fields."),
     check: bool = typer.Option(True, help="Measure the chosen plan against the inline baseline."),
-    validate: bool = typer.Option(False, "--validate", help="Also run the cost-model validation sweep."),
-    dims: str = typer.Option("128,1000,5000,10000", help="Dimensions for --validate."),
     as_json: bool = typer.Option(False, "--json", help="Write machine-readable JSON to stdout instead of tables."),
 ) -> None:
     """Profile hardware and workload, rank candidate schedules, print the chosen plan."""
@@ -106,8 +104,6 @@ def profile(
         except TypeError as e:
             raise typer.BadParameter(f"--config: {e}") from e
         out["workloads"].append(_profile_one(console, workload, g_max, check, as_json))
-    if validate:
-        out["validation"] = _validate(console, fields, [int(d) for d in dims.split(",")], g_max, as_json)
     out["seconds"] = time.perf_counter() - t_start
     if as_json:
         json.dump(out, sys.stdout, indent=2, default=str)
@@ -133,8 +129,8 @@ def _profile_one(console: Console, w: SyntheticWorkload, g_max: int, check: bool
         if check:
             bar.update(task, description=f"{label}: measuring the plan against inline")
             # interleaved rounds, medians: one run each, back to back, read the machine's drift as a difference.
-            # Rollout and update are timed alone in the same rounds: this host's speed moves within seconds, and
-            # costs profiled a minute earlier turned such a drift into exposed latency (-11.9 ms, on-policy)
+            # Rollout and update are timed alone in the same rounds: a shared host's speed moves within seconds,
+            # and costs profiled a minute earlier would turn such a drift into exposed latency
             alone: list[float] = []
             t_iter = interleaved_medians(
                 w, list(dict.fromkeys((baseline.schedule, chosen.schedule))), CHECK_ROUNDS, 25, 5, pool=w.units(),
@@ -311,8 +307,7 @@ def _drift_note(measured: dict[str, Any]) -> str:
     """A sentence when the machine's speed moved between profiling and the check (else nothing).
 
     The tables above were measured in the earlier state, the check in the later one: without the
-    note a newcomer reads the same schedule at 41.6 ms in "verified T_iter" and 60.7 ms in the
-    "Measured" line of one printout (a fresh clone's run here) and cannot tell why.
+    note a reader sees one schedule at two quite different times in one printout and cannot tell why.
     """
     then, now = measured.get("profiled_alone_s"), measured.get("t_alone_s")
     if not then or not now or abs(now / then - 1) <= DRIFT:
@@ -322,71 +317,3 @@ def _drift_note(measured: dict[str, Any]) -> str:
         f"when the costs above were measured and {_ms(now)} ms in the check, so the tables' times and the "
         "check's differ by as much; compare figures measured in the same rounds.[/dim]"
     )
-
-
-def _validate(console: Console, fields: dict[str, Any], dims: list[int], g_max: int, quiet: bool) -> dict[str, Any]:
-    from conduit.scheduling.validate import validate
-
-    workloads = [SyntheticWorkload(policy=Policy.OFF_POLICY, **{**fields, "dim": d}) for d in dims]
-    columns = (SpinnerColumn(), TextColumn("{task.description}"))
-    progress = Progress(*columns, console=console, transient=True, disable=quiet)
-    with progress as bar:
-        task = bar.add_task("validating")
-        thorough = ProfileSettings.thorough()  # validation may take minutes
-        rep = validate(workloads, settings=thorough, g_max=g_max, progress=lambda m: bar.update(task, description=m))
-    rows = []
-    for d in rep.dimensions:
-        best_s, best = d.best_measured
-        rows.append({
-            "dim": d.workload.dim, "configs": len(d.rows), "best_schedule": best_s.to_json(), "best_t_iter_s": best,
-            "auto_schedule": d.auto.schedule.to_json() if d.auto else None, "auto_t_iter_s": d.auto_measured,
-            "auto_vs_best": d.auto_vs_best, "model_schedule": d.profile.model_choice.schedule.to_json(),
-            "model_vs_best_in_sweep": d.model_vs_best, "top8_match": d.topk_match(8), "top8_overlap": d.topk_overlap(8),
-            "costs": _costs_json(d.profile.costs),
-            "rows": [{"schedule": s.to_json(), "predicted_s": p, "measured_s": m} for s, p, m in d.rows],
-            "rematch_s": [{"schedule": s.to_json(), "measured_s": m} for s, m in d.rematch.items()],
-            "verified_s": [{"schedule": s.to_json(), "measured_s": m} for s, m in d.profile.verified.items()],
-        })
-    doc = {"pearson_r": rep.pearson_r, "mape_pct": rep.mape, "dimensions": rows}
-    if not quiet:
-        t = Table(title=f"Cost model vs measurement: Pearson r = {rep.pearson_r:.3f}, MAPE = {rep.mape:.1f}%")
-        cols = (
-            "dim", "configs", "best measured ms", "auto measured ms", "auto/best", "model's own/best",
-            "top-8 order", "top-8 overlap",
-        )
-        for col in cols:
-            t.add_column(col, justify="right")
-        for row in rows:
-            t.add_row(
-                str(row["dim"]), str(row["configs"]), _ms(row["best_t_iter_s"]), _ms(row["auto_t_iter_s"]),
-                f"{row['auto_vs_best']:.3f}", f"{row['model_vs_best_in_sweep']:.3f}",
-                "yes" if row["top8_match"] else "no", f"{row['top8_overlap']:.0%}",
-            )
-        console.print(t)
-    return doc
-
-
-def validation_markdown(doc: dict[str, Any]) -> str:
-    """The validation as BENCHMARKS.md's scheduling table (``conduit bench all`` writes it)."""
-
-    def sched(x: dict[str, Any]) -> str:
-        i, d = x["ingestion"], x["delivery"]
-        return (
-            f"ingestion {'overlap' if i['overlap'] else 'inline'} g={i['granularity']}, "
-            f"delivery {'overlap' if d['overlap'] else 'inline'} g={d['granularity']}"
-        )
-
-    lines = [
-        "## Scheduling: the cost model against measurement\n",
-        f"Pearson r = {doc['pearson_r']:.3f}, MAPE = {doc['mape_pct']:.1f}% over "
-        f"{sum(d['configs'] for d in doc['dimensions'])} configurations.\n",
-        "| dim | configs | best measured | automatic choice (sweep) | auto/best | model's own/best | top-8 overlap |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for d in doc["dimensions"]:
-        lines.append(
-            f"| {d['dim']:,} | {d['configs']} | {sched(d['best_schedule'])}: {d['best_t_iter_s'] * 1e3:.2f} ms | "
-            f"{sched(d['auto_schedule'])}: {d['auto_t_iter_s'] * 1e3:.2f} ms | {d['auto_vs_best']:.3f} | "
-            f"{d['model_vs_best_in_sweep']:.3f} | {d['top8_overlap']:.0%} |"
-        )
-    return "\n".join(lines) + "\n"

@@ -7,8 +7,10 @@ never typer, rich, Ray or a framework (those live in ``conduit.cli`` and
 
 from __future__ import annotations
 
+from conduit._version import __version__
 from conduit.batch import Batch, BatchInfo
-from conduit.config import ConduitConfig, PrioritizedReplay, SamplerKind, SchedulePin
+from conduit.config import ConduitConfig, PrioritizedReplay, RateLimit, SchedulePin, Tuning
+from conduit.core import Mode, Policy, RemoverKind, SamplerKind, Schedule
 from conduit.default import (
     default_registry,
     default_runtime,
@@ -21,6 +23,7 @@ from conduit.default import (
     shutdown,
 )
 from conduit.errors import (
+    CheckpointError,
     ConduitError,
     ConduitTimeout,
     ConfigError,
@@ -37,15 +40,13 @@ from conduit.errors import (
 )
 from conduit.hooks import Reader, Writer
 from conduit.runtime import Conduit, RuntimeStats
-from conduit.scheduling.space import Mode, Policy, Schedule
 from conduit.spec import ExperienceSpec, FieldSpec
 from conduit.trace import Tracer, global_tracer
-
-__version__ = "0.1.0"
 
 __all__ = [
     "Batch",
     "BatchInfo",
+    "CheckpointError",
     "Conduit",
     "ConduitConfig",
     "ConduitError",
@@ -60,8 +61,10 @@ __all__ = [
     "PlacementError",
     "Policy",
     "PrioritizedReplay",
+    "RateLimit",
     "RateLimited",
     "Reader",
+    "RemoverKind",
     "RuntimeClosed",
     "RuntimeFailed",
     "RuntimeStats",
@@ -71,6 +74,7 @@ __all__ = [
     "SemanticsError",
     "SpecError",
     "Tracer",
+    "Tuning",
     "WorkerDied",
     "Writer",
     "__version__",

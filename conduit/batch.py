@@ -9,12 +9,12 @@ DESIGN.md §2 are written against these fields.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from conduit.scheduling.space import Mode
+from conduit.core import Mode
 
 __all__ = ["Batch", "BatchInfo", "DrawnRows"]
 
@@ -25,8 +25,8 @@ class DrawnRows:
     Made once per batch and read by few learners (prioritized replay's
     ``update_priorities``, semantics checks), so the numpy arrays are made
     when first read: right after a gather has gone through the caches each
-    numpy call costs ~3 us, and the two a pull would make for them were a
-    tenth of a pull at dim 128. A pure replay ring's ids are worked out from
+    numpy call is slow, and a small pull would pay for two of them that most
+    learners never read. A pure replay ring's ids are worked out from
     the ring's position captured at the draw — never read from the slot
     table later, whose slots may have been overwritten since:
     slot ``s`` held id ``next_id - 1 - ((pos - 1 - s) mod capacity)``.
@@ -129,6 +129,24 @@ class BatchInfo(NamedTuple):
         """Global transition ids (ingestion order) of the rows."""
         return self.rows.ids
 
+    def state_dict(self) -> dict[str, Any]:
+        """This provenance as primitives and arrays (what a checkpoint of a staged batch holds)."""
+        out = self._asdict()
+        rows: DrawnRows = out.pop("rows")
+        out["indices"], out["ids"] = np.array(rows.indices, dtype=np.int64), np.array(rows.ids, dtype=np.int64)
+        out["weights"] = None if self.weights is None else np.array(self.weights, dtype=np.float32)
+        out["mode"] = self.mode.to_json()
+        return out
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, Any]) -> BatchInfo:
+        d = dict(state)
+        rows = DrawnRows(_array(d.pop("indices"), np.int64), _array(d.pop("ids"), np.int64))
+        weights = d.pop("weights")
+        d.update(rows=rows, mode=Mode.from_json(d["mode"]))
+        d["weights"] = None if weights is None else _array(weights, np.float32)
+        return cls(**d)
+
     @property
     def staleness(self) -> int:
         """Batches between when an inline schedule would have sampled this one and its delivery."""
@@ -138,6 +156,11 @@ class BatchInfo(NamedTuple):
     def version_lag(self) -> int:
         """Transitions ingested between sampling and delivery (what prefetching did not see)."""
         return self.version_at_delivery - self.buffer_version
+
+
+def _array(x: Any, dtype: type) -> np.ndarray:
+    """A private numpy copy of an array or a host tensor."""
+    return np.asarray(x.numpy() if isinstance(x, torch.Tensor) else x, dtype=dtype).copy()
 
 
 class Batch(Mapping[str, torch.Tensor]):

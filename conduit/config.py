@@ -11,16 +11,17 @@ by Conduit; they may be *pinned* here for experiments.
 
 from __future__ import annotations
 
-from enum import Enum
 from fractions import Fraction
 from typing import Annotated, Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from conduit.scheduling.space import (
+from conduit.core import (
     Mode,
     Policy,
+    RemoverKind,
+    SamplerKind,
     Schedule,
     as_granularity,
     delivery_space,
@@ -28,25 +29,16 @@ from conduit.scheduling.space import (
     is_feasible_mode,
 )
 
-__all__ = ["ConduitConfig", "Policy", "PrioritizedReplay", "RateLimit", "RemoverKind", "SamplerKind", "SchedulePin"]
-
-
-class SamplerKind(str, Enum):
-    """How off-policy delivery selects rows (Reverb's selectors)."""
-
-    UNIFORM = "uniform"
-    PRIORITIZED = "prioritized"
-    FIFO = "fifo"
-    LIFO = "lifo"
-
-
-class RemoverKind(str, Enum):
-    """Which rows a full off-policy buffer evicts for new ones."""
-
-    FIFO = "fifo"
-    LIFO = "lifo"
-    UNIFORM = "uniform"
-    PRIORITIZED = "prioritized"
+__all__ = [
+    "ConduitConfig",
+    "Policy",
+    "PrioritizedReplay",
+    "RateLimit",
+    "RemoverKind",
+    "SamplerKind",
+    "SchedulePin",
+    "Tuning",
+]
 
 
 class RateLimit(BaseModel):
@@ -75,7 +67,10 @@ class PrioritizedReplay(BaseModel):
 
 
 class SchedulePin(BaseModel):
-    """Pin overlap/granularity for experiments; ``None`` leaves a knob to Conduit."""
+    """Pin overlap/granularity for experiments; ``None`` leaves a knob to Conduit.
+
+    ``SchedulePin.of(schedule)`` pins all four knobs to a :class:`~conduit.core.Schedule`.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -83,6 +78,16 @@ class SchedulePin(BaseModel):
     ingestion_granularity: str | float | int | None = None
     delivery_overlap: bool | None = None
     delivery_granularity: str | float | int | None = None
+
+    @classmethod
+    def of(cls, schedule: Schedule) -> SchedulePin:
+        """Every knob pinned to ``schedule``."""
+        return cls(
+            ingestion_overlap=schedule.ingestion.overlap,
+            ingestion_granularity=str(schedule.ingestion.granularity),
+            delivery_overlap=schedule.delivery.overlap,
+            delivery_granularity=str(schedule.delivery.granularity),
+        )
 
     @field_validator("ingestion_granularity", "delivery_granularity")
     @classmethod
@@ -95,6 +100,45 @@ class SchedulePin(BaseModel):
             raise ValueError(f"granularity must be a positive number or fraction like '1/4', got {v!r}") from e
 
 
+class Tuning(BaseModel):
+    """Hot-path knobs a user should never need: the defaults are what the benchmarks measure fastest.
+
+    Attributes:
+        batch_pool: off-policy: gather batches into a ring of this many preallocated
+            buffers per learner, so a batch stays valid for ``batch_pool - 1`` further pulls
+            and is then overwritten. It bounds memory, not time: 0 (the default) recycles
+            only memory the learner has dropped (``recycle_batches``).
+        recycle_batches: host learners: the memory of a pulled batch's large fields (1 MiB
+            and up, where a fresh allocation is a new mapping whose pages fault in one by one)
+            goes back to a free list once every reference to it (batch, tensor, view, numpy
+            array) is gone, and the next batch is gathered into it; nothing alive is ever
+            overwritten. The same holds for ``edp.buffer.sample(n)`` called directly.
+            ``False``: fresh memory every pull.
+        presort: on-policy: each iteration's rows are stored in the order of its last epoch's
+            shuffled mini-batches, so that epoch reaches the learner as views of the store
+            instead of gathered copies (with one epoch an iteration's rows are moved once).
+            The store is reused only once no view of it is alive; a kept view keeps its whole
+            store alive (``clone()`` a mini-batch to keep it alone). Host stores only.
+            The mini-batches are the same either way; ``False`` gathers every one.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch_pool: Annotated[int, Field(ge=0)] = 0
+    recycle_batches: bool = True
+    presort: bool = True
+
+    @field_validator("batch_pool")
+    @classmethod
+    def _check_pool(cls, v: int) -> int:
+        if v == 1:
+            raise ValueError(
+                "batch_pool=1 would overwrite a batch on the very next pull while the learner may still read it; "
+                "use 0 (recycle dropped memory) or at least 2"
+            )
+        return v
+
+
 class ConduitConfig(BaseModel):
     """Everything the runtime needs, validated at construction.
 
@@ -104,55 +148,35 @@ class ConduitConfig(BaseModel):
             iteration (one update's data, split into ``num_minibatches``).
         rollout_unit_size: rows an actor pushes per call, when known (the
             profiler and on-policy fractional ingestion use it).
-        capacity: off-policy replay capacity in transitions (FIFO eviction).
+        capacity: off-policy replay capacity in transitions.
         num_minibatches: ``M``, on-policy mini-batches per epoch.
         num_epochs: on-policy passes over an iteration's data.
         num_learners: data-parallel learners; each pulls its own batch.
         learner_device: device(s) batches are delivered to; one per learner or one for all.
         storage_device: pins the buffer placement (``"cpu"``, ``"pinned"``, ``"cuda:0"``);
             ``None`` lets Conduit decide.
+        growable: fields whose trailing shape may grow during the run (longer sequences,
+            larger observations) when the spec is inferred from the first push: growth
+            re-lays the buffer out instead of raising ``SpecError``.
         sampler / prioritized: off-policy selection (uniform, prioritized, fifo, lifo).
         remover: which rows a full buffer evicts (fifo ring by default).
         max_times_sampled: evict a row once learners received it this many times.
         rate_limit: samples-per-insert ratio with a tolerance band (off-policy).
-        batch_pool: off-policy: recycle the memory of delivered batches among this many
-            buffers per learner (a batch stays valid for ``batch_pool - 1`` further pulls;
-            0, the default, recycles only memory the learner has dropped, see
-            ``recycle_batches``). Bounds the memory, not the time: the default's pulls measured as
-            fast or faster (batch 512, one process: the pool 1.10x the default's pull at dim 128,
-            0.98x at 1,000, 1.18x at 5,000), since the allocator and ``recycle_batches`` hand the
-            next batch the memory the last one just left, still in the caches.
-        recycle_batches: host learners (both policies): the memory of a pulled batch's large
-            fields (1 MiB and up, where a fresh allocation measured up to 2x slower: an mmap
-            faulted in page by page) goes back to a free list once every reference to it
-            (batch, tensor, view, numpy array) is gone, and the next batch is gathered into
-            it — nothing alive is ever overwritten. Smaller fields come from the allocator,
-            which reuses them as fast. The same holds for ``edp.buffer.sample(n)`` called
-            directly. ``False``: fresh memory every pull.
-        presort: on-policy: each iteration's rows are stored in the order of its last epoch's
-            shuffled mini-batches (the plan is drawn when its first rows arrive), so that epoch's
-            mini-batches reach the learner as views of the store instead of gathered copies
-            (with one epoch, an iteration's rows are moved once: its ingestion). The store is
-            reused only once no view of it is alive; earlier epochs are gathered as before. The
-            mini-batches are the same either way. A kept view keeps its whole store alive (and
-            ``torch.save`` of one writes the store's field): ``clone()`` a mini-batch to keep it
-            alone. Host stores only (a GPU store gathers on the device). ``False``: every
-            mini-batch is gathered, as RLlib's mini-batch iterator does.
         copy_on_push: when a push's write is deferred (overlapped ingestion, or ``g > 1``
             gathering several units per invocation), push first copies the unit, so an actor
-            may write into its arrays again as soon as push returns — as with any replay
-            buffer's ``add``/``extend``. ``False`` hands the arrays over instead: no copy on
-            the actor's thread (the point of overlapped ingestion on host memory), but the
-            actor must not write into a pushed unit before it is ingested (``flush()``);
-            for actors that build fresh arrays per rollout. ``push(..., copy=...)``
-            decides per call. Pushes written before they return never copy.
+            may write into its arrays again as soon as push returns, as with any replay
+            buffer's ``add``. ``False`` hands the arrays over instead: no copy on the actor's
+            thread, but the actor must not write into a pushed unit before it is ingested
+            (``flush()``). ``push(..., copy=...)`` decides per call.
         min_size_to_sample: off-policy rows required before sampling (default: a batch).
         g_max: cap on off-policy granularities (both paths).
         max_staleness: cap on off-policy delivery granularity (batches a prefetched
             batch may lag an inline sample by).
         max_ingest_lag: cap on ingestion granularity (units ingestion may lag rollouts by).
         memory_headroom: fraction of device memory placement keeps free.
-        schedule: optional pinned knobs.
+        pinned: knobs of the schedule pinned for experiments (:class:`SchedulePin`;
+            ``SchedulePin.of(schedule)`` pins a whole :class:`~conduit.core.Schedule`).
+        tuning: hot-path knobs (:class:`Tuning`); the defaults are right for nearly everyone.
         seed: seeds Conduit's samplers (``None``: nondeterministic).
         timeout_s: default timeout of every blocking call.
     """
@@ -168,25 +192,36 @@ class ConduitConfig(BaseModel):
     num_learners: Annotated[int, Field(gt=0)] = 1
     learner_device: str | list[str] = "cpu"
     storage_device: str | None = None
+    growable: tuple[str, ...] = ()
     sampler: SamplerKind = SamplerKind.UNIFORM
     prioritized: PrioritizedReplay = PrioritizedReplay()
     remover: RemoverKind = RemoverKind.FIFO
     max_times_sampled: Annotated[int, Field(gt=0)] | None = None
     rate_limit: RateLimit | None = None
-    batch_pool: Annotated[int, Field(ge=0)] = 0
-    recycle_batches: bool = True
-    presort: bool = True
     copy_on_push: bool = True
     min_size_to_sample: Annotated[int, Field(gt=0)] | None = None
     g_max: Annotated[int, Field(gt=0, le=64)] = 4
     max_staleness: Annotated[int, Field(gt=0)] | None = None
     max_ingest_lag: Annotated[int, Field(gt=0)] | None = None
     memory_headroom: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
-    schedule: SchedulePin = SchedulePin()
+    pinned: SchedulePin = SchedulePin()
+    tuning: Tuning = Tuning()
     seed: int | None = None
     timeout_s: Annotated[float, Field(gt=0.0)] = 60.0
 
     # -- field validators ---------------------------------------------------
+    @field_validator("pinned", mode="before")
+    @classmethod
+    def _pin_schedule(cls, v: Any) -> Any:
+        return SchedulePin.of(v) if isinstance(v, Schedule) else v  # a whole schedule pins every knob
+
+    @field_validator("growable", mode="before")
+    @classmethod
+    def _field_names(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return (v,)
+        return tuple(sorted(set(v))) if v is not None else ()
+
     @field_validator("learner_device")
     @classmethod
     def _check_devices(cls, v: str | list[str]) -> str | list[str]:
@@ -224,11 +259,6 @@ class ConduitConfig(BaseModel):
                     f"num_minibatches={self.num_minibatches}, num_epochs={self.num_epochs}: mini-batches and "
                     "epochs are on-policy settings; off-policy delivers train_batch_size rows per pull"
                 )
-            if self.batch_pool == 1:
-                raise ValueError(
-                    "batch_pool=1 would overwrite a batch on the very next pull while the learner may still "
-                    "read it; use 0 (fresh memory) or at least 2"
-                )
             if self.remover is RemoverKind.PRIORITIZED and self.sampler is not SamplerKind.PRIORITIZED:
                 raise ValueError("remover='prioritized' evicts by priority and needs sampler='prioritized'")
             if self.rate_limit is not None and self.rate_limit.tolerance < self.train_batch_size:
@@ -237,8 +267,8 @@ class ConduitConfig(BaseModel):
                     f"(train_batch_size={self.train_batch_size}): no batch could ever be sampled"
                 )
         else:
-            if self.batch_pool:
-                raise ValueError("batch_pool: an off-policy setting; on-policy mini-batches are fresh memory")
+            if self.tuning.batch_pool:
+                raise ValueError("tuning.batch_pool: an off-policy setting; on-policy mini-batches are fresh memory")
             for name in ("max_times_sampled", "rate_limit"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name}: an off-policy replay setting; on-policy data is used once per epoch")
@@ -274,14 +304,14 @@ class ConduitConfig(BaseModel):
         return self
 
     def _check_schedule_pin(self) -> None:
-        pin = self.schedule
+        pin = self.pinned
         for path, g, space in (
             ("ingestion", pin.ingestion_granularity, self.ingestion_space),
             ("delivery", pin.delivery_granularity, self.delivery_space),
         ):
             if g is not None and as_granularity(g) not in space:
                 raise ValueError(
-                    f"schedule.{path}_granularity={g}: not in the feasible space "
+                    f"pinned.{path}_granularity={g}: not in the feasible space "
                     f"{[str(x) for x in space]} for {self.policy.value}"
                 )
         chosen = self.default_schedule()
@@ -291,7 +321,7 @@ class ConduitConfig(BaseModel):
         ):
             if not is_feasible_mode(self.policy, mode, space):
                 raise ValueError(
-                    f"schedule: the pinned {path} mode ({mode}) breaks {self.policy.value} semantics; "
+                    f"pinned: the pinned {path} mode ({mode}) breaks {self.policy.value} semantics; "
                     "on-policy admits only (overlap=False, g=1) and (overlap=True, 0<g<1), "
                     "and 0<g<1 needs num_minibatches > 1"
                 )
@@ -332,6 +362,10 @@ class ConduitConfig(BaseModel):
         the learner reads the other)."""
         return self.storage_rows if self.policy is Policy.OFF_POLICY else 2 * self.storage_rows
 
+    def pinned_to(self, schedule: Schedule) -> ConduitConfig:
+        """This config with every knob pinned to ``schedule`` (validated: an infeasible one raises)."""
+        return type(self).model_validate({**self.model_dump(), "pinned": SchedulePin.of(schedule).model_dump()})
+
     def default_schedule(self) -> Schedule:
         """The schedule used when nothing was profiled: the pinned knobs, else a measured prior.
 
@@ -339,10 +373,10 @@ class ConduitConfig(BaseModel):
         like SRL/Ape-X; on-policy delivery pipelined at g=1/M), because side-stream
         copies and host work then run beside GPU compute. Learners on the CPU:
         inline, because a worker thread competes with the learner's own threads
-        for the cores and the GIL (measured in BENCHMARKS.md). The profiler and
+        for the cores and the GIL (BENCHMARKS.md, "The synthetic loop"). The profiler and
         optimizer in :mod:`conduit.scheduling` replace this prior with a plan.
         """
-        pin = self.schedule
+        pin = self.pinned
         gpu = any(d.startswith("cuda") for d in self.learner_devices)
         one = Fraction(1)
         if self.policy is Policy.OFF_POLICY:

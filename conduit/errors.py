@@ -11,6 +11,7 @@ from __future__ import annotations
 import traceback
 
 __all__ = [
+    "CheckpointError",
     "ConduitError",
     "ConduitTimeout",
     "ConfigError",
@@ -34,6 +35,10 @@ class ConduitError(Exception):
 
 class ConfigError(ConduitError, ValueError):
     """A configuration was rejected at construction."""
+
+
+class CheckpointError(ConduitError, ValueError):
+    """A checkpoint is missing, corrupt, foreign, unsafe to load, or does not fit the runtime."""
 
 
 class SpecError(ConduitError, ValueError):

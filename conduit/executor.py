@@ -27,7 +27,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import torch
 
@@ -40,7 +40,6 @@ __all__ = [
     "Worker",
     "fail",
     "handoff",
-    "hold_still",
     "in_worker",
     "one_intra_op_thread",
     "serial_kernels",
@@ -65,13 +64,14 @@ def serial_kernels() -> bool:
 
     ATen parallelises a CPU op above its grain with an OpenMP team, and a second
     team started from a worker thread while the learner's thread runs its own
-    oversubscribes the cores and spin-waits (measured here: a learner's matmuls
-    ran 5x slower next to an overlapped gather, a 4 MB gather 16x slower next to
-    a busy worker's). A worker therefore limits its own OpenMP team to itself
+    oversubscribes the cores: both teams spin-wait for threads the other holds,
+    so the learner's ops and the worker's gathers each slow the other down. A
+    worker therefore limits its own OpenMP team to itself
     (:func:`one_intra_op_thread`), which covers every op it runs, hooks
     included. Where that cannot be done (another OpenMP runtime, another ATen
     backend) this is True and storage kernels chunk their calls under the grain
-    instead, which costs 1.4-1.6x on large gathers.
+    instead, which makes large gathers slower (many serial calls in place of one
+    parallel one).
     """
     return getattr(_local, "serial", False)
 
@@ -82,8 +82,8 @@ def one_intra_op_thread() -> bool:
     ``omp_set_num_threads`` sets the calling thread's own ICV. Not
     ``torch.set_num_threads(1)``: besides that ICV it stores a process-wide
     default which every thread that has not yet asked for its count -- the
-    learner's main thread included -- then inherits (measured: a main thread that
-    had run no parallel op yet read 1 after a worker called it).
+    learner's main thread included -- then inherits (a main thread that has run
+    no parallel op yet reads 1 after a worker has called it).
     """
     torch.get_num_threads()  # ATen sets a thread's team from its process-wide default on first use: let it go first
     try:
@@ -150,29 +150,6 @@ def wait_until(
             raise ConduitTimeout(f"timed out after {timeout:.3g}s waiting for {what()}")
         cond.wait(min(left, POLL_S))
     failure.check()
-
-
-@contextlib.contextmanager
-def hold_still(path: Any, idle: Callable[[], bool], timeout: float, what: str) -> Iterator[None]:
-    """Pause a path between invocations: set ``path._paused`` and wait (bounded) until ``idle()``.
-
-    ``path`` has ``cond``, ``failure`` and ``_paused``; its worker checks
-    ``_paused`` before starting an invocation. The caller holds the path's
-    inline invocation lock(s), so no inline invocation starts either.
-    """
-    with path.cond:
-        path._paused = True
-        try:
-            wait_until(path.cond, idle, timeout, path.failure, lambda: what)
-        except BaseException:
-            path._paused = False
-            raise
-    try:
-        yield
-    finally:
-        with path.cond:
-            path._paused = False
-            path.cond.notify_all()
 
 
 class Worker:

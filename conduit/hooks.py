@@ -142,6 +142,13 @@ class HookRegistry:
 
         return decorator
 
+    def copy(self) -> HookRegistry:
+        """A fresh, unfrozen registry with the same hooks (a started runtime freezes its own)."""
+        fresh = HookRegistry()
+        with self._lock:
+            fresh._hooks = dict(self._hooks)
+        return fresh
+
     def get(self, kind: HookKind) -> HookSpec | None:
         return self._hooks.get(kind)
 

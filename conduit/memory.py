@@ -6,19 +6,10 @@ the process's allocation history: glibc serves a large block from its heap only
 while its dynamic mmap threshold (raised by each freed mmapped block, at most to
 32 MiB) and heap trimming allow; otherwise it is a fresh ``mmap`` whose pages
 are faulted in and zeroed on first touch, then unmapped when the batch dies.
-Measured here, pulling a batch of 512, reading it and dropping it (fresh memory
-against recycled, interleaved in one process):
-
-- dim 20,000 (two 40 MB fields): 41.5 ms fresh, 11-13 ms recycled;
-- dims 600 and 1,000 (1.2 and 2 MB fields): 1.49 vs 0.81 ms and 2.17 vs 1.10
-  ms — fresh memory 1.8-2x slower (a run of the micro-benchmark measured the
-  same at dim 1,000: every peer that allocates per batch at ~2 ms, Conduit's
-  fixed-memory variant at 0.86);
-- dims 2,000 and 5,000 (4 and 10 MB fields): the same either way in this
-  process (in the synthetic loop, next to a learner's own allocations, fresh
-  batches swung between runs by up to 2x);
-- dims 128, 256 and 400 (256-800 KB fields): recycling's bookkeeping made pulls
-  13-18% slower than the allocator, which reuses such blocks at once.
+For large fields those page faults and that zeroing can cost more than the
+gather itself, and whether they happen changes with the process's history; for
+small fields the allocator reuses a freed block at once, and a pool's
+bookkeeping would only add to that (BENCHMARKS.md, "Delivery and ingestion").
 
 So fields of at least ``min_bytes`` (1 MiB) reuse the memory of a batch the
 learner has *already dropped*, and smaller ones are left to the gather's own
@@ -31,13 +22,11 @@ holds a reference to the block for as long as any tensor shares its storage — 
 batch, one of its tensors, a view, a numpy array made from it. So a block is free
 exactly when only this pool refers to it, and ``take()`` reads that from the
 block's reference count (the count a pooled, unreferenced block has is measured
-once, at import, through the same code path). An earlier version put blocks back
-with ``weakref.finalize`` callbacks; the reference count costs no object per
-batch and no callback on the learner's thread when a batch dies (measured:
-pulls 4% faster at dims 1,000 and 5,000: 0.816 vs 0.853 and 2.95 vs 3.09 ms, one process, interleaved). Fields
-have blocks of their own (not slices of one block) so a batch stays an ordinary
-set of tensors: ``torch.save`` refuses tensors of different dtypes sharing a
-storage.
+once, at import, through the same code path). Unlike a ``weakref.finalize``
+callback that puts a block back, the reference count costs no object per batch
+and no callback on the learner's thread when a batch dies. Fields have blocks
+of their own (not slices of one block) so a batch stays an ordinary set of
+tensors: ``torch.save`` refuses tensors of different dtypes sharing a storage.
 
 This is the default for batches on the CPU (off-policy batches, on-policy
 mini-batches). ``batch_pool`` (an explicit ring that overwrites a batch
@@ -80,9 +69,9 @@ class _Field:
 
     A block is a numpy array of the field's own dtype and shape where numpy has
     the dtype, so handing it out is one ``torch.from_numpy``; otherwise (bfloat16,
-    float8, ...) raw bytes viewed as the field. Measured right after an 8 MB
-    write had evicted the caches, as a worker's next take runs after its gather:
-    one field 12 us against 31 us through the two views.
+    float8, ...) raw bytes viewed as the field. The native array saves the two
+    views, which matters because a worker takes a block right after its gather
+    has evicted the caches, when every torch call is at its slowest.
     """
 
     def __init__(self, name: str, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int, keep: int) -> None:
@@ -126,7 +115,7 @@ class BatchMemory:
     takes the place of the oldest, which is freed with the batch holding it.
     """
 
-    #: the smallest field recycled by default (see the module docstring for the measurements)
+    #: the smallest field recycled by default (see the module docstring for why)
     MIN_BYTES = 1 << 20
 
     def __init__(self, keep: int = 4, layouts: int = 4, min_bytes: int = MIN_BYTES) -> None:

@@ -6,9 +6,9 @@ domains (host->device, device->device, into/out of the buffer's storage);
 hook. A :class:`Graph` runs its operators in order on a :class:`Packet`, each
 inside a trace span, and keeps per-invocation timings the profiler reads.
 
-Graphs are built once per runtime (``conduit.ingestion`` and
-``conduit.delivery`` assemble them); which thread runs them — the caller's
-(overlap=0) or a path worker (overlap=1) — is the executor's business.
+Graphs are built once per runtime (the paths in :mod:`conduit.paths` assemble them);
+which thread runs them — the caller's (overlap=0) or a path worker (overlap=1) — is
+the executor's business.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -27,7 +27,7 @@ from conduit.errors import HookFailed
 from conduit.hooks import Reader, Writer
 from conduit.trace import Tracer
 
-__all__ = ["FnOperator", "Graph", "HookOperator", "Operator", "OperatorKind", "Packet"]
+__all__ = ["FnOperator", "Graph", "HookOperator", "Operator", "OperatorKind", "Packet", "Record"]
 
 
 class OperatorKind(str, Enum):
@@ -35,12 +35,20 @@ class OperatorKind(str, Enum):
     PROCESSING = "processing"
 
 
+class Record(Protocol):
+    """A path's typed record of one invocation (what it claimed, what it drew)."""
+
+    def facts(self) -> Mapping[str, Any]:
+        """What a hook reads as its reader's ``info``."""
+        ...
+
+
 @dataclass
 class Packet:
-    """What flows through a graph: data parts plus invocation metadata."""
+    """What flows through a graph: data parts plus the path's typed record of the invocation."""
 
     parts: list[dict[str, torch.Tensor]]
-    meta: dict[str, Any] = field(default_factory=dict)
+    record: Any = None
 
     @property
     def rows(self) -> int:
@@ -88,7 +96,8 @@ class HookOperator(Operator):
         data = concat(packet.parts)
         out = Writer(self._sink)
         try:
-            self._fn(Reader(self._source, data, packet.meta), out)
+            info = packet.record.facts() if packet.record is not None else None
+            self._fn(Reader(self._source, data, info), out)
         except Exception as exc:
             name = getattr(self._fn, "__qualname__", repr(self._fn))
             raise HookFailed(f"the {self._source}->{self._sink} hook {name!r}", exc) from exc

@@ -93,8 +93,9 @@ class RateLimiter:
             f"{self.inserts} rows inserted, {self.samples} sampled, {self.reserved} reserved"
         )
 
-    def state(self) -> dict[str, float]:
+    def state_dict(self) -> dict[str, float]:
+        """Rows inserted and sampled (reservations belong to staged batches, which restore their own)."""
         return {"inserts": self.inserts, "samples": self.samples}
 
-    def load(self, state: dict[str, float]) -> None:
+    def load_state_dict(self, state: dict[str, float]) -> None:
         self.inserts, self.samples, self.reserved = int(state["inserts"]), int(state["samples"]), 0

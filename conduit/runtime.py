@@ -2,7 +2,7 @@
 
 ::
 
-    edp = conduit.Conduit(policy="off_policy", train_batch_size=256, capacity=100_000)
+    edp = conduit.Conduit(conduit.ConduitConfig(policy="off_policy", train_batch_size=256, capacity=100_000))
 
     @edp.register_ingestion(input="Actor", output="ExperienceBuffer")
     def ingest(actor_in, exp_out):
@@ -20,6 +20,11 @@ The paths are built lazily on the first push or pull, so hooks registered
 before then are used. Errors from any worker re-raise, with the original
 traceback, from the next call; every blocking call has a timeout; ``close()``
 is idempotent and joins every thread.
+
+The runtime wires components and holds no policy logic of its own: the buffer
+(:mod:`conduit.buffers`) says what differs between off- and on-policy, the paths
+(:mod:`conduit.paths`) run ingestion and delivery, :mod:`conduit.checkpoint`
+writes and reads their ``state_dict()``.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,23 +41,20 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from conduit import build, checkpoint
+from conduit._version import __version__
 from conduit.batch import Batch, BatchInfo
-from conduit.buffer import ReplayBuffer
-from conduit.config import ConduitConfig, Policy, SamplerKind
-from conduit.delivery import DeliveryPath, MinibatchDelivery, ReplayDelivery
-from conduit.errors import ConduitError, ConfigError, RuntimeClosed, SemanticsError
+from conduit.buffers.base import ExperienceBuffer
+from conduit.config import ConduitConfig
+from conduit.core import Policy, Schedule, is_feasible_mode
+from conduit.errors import CheckpointError, ConduitError, ConfigError, RuntimeClosed, SemanticsError
 from conduit.executor import FailureBox
 from conduit.hooks import HookKind, HookRegistry
-from conduit.ingestion import IngestionPath
-from conduit.iterations import IterationBuffer
-from conduit.ratelimit import RateLimiter
+from conduit.paths.delivery import DeliveryPath
+from conduit.paths.ingestion import IngestionPath
 from conduit.remote import ActorChannel
-from conduit.samplers import FifoSampler, LifoSampler, PrioritizedSampler, UniformSampler
-from conduit.samplers.base import Sampler
-from conduit.scheduling.space import Mode, Schedule, is_feasible_mode
-from conduit.slots import make_remover
 from conduit.spec import Data, ExperienceSpec
-from conduit.storage import FixedStorage, StoragePolicy
+from conduit.storage import StoragePolicy
 from conduit.trace import Tracer, global_tracer
 
 __all__ = ["Conduit", "RuntimeStats"]
@@ -60,7 +62,6 @@ __all__ = ["Conduit", "RuntimeStats"]
 log = logging.getLogger("conduit")
 
 F = TypeVar("F", bound=Callable[..., Any])
-
 
 @dataclass(frozen=True)
 class RuntimeStats:
@@ -85,31 +86,36 @@ class RuntimeStats:
 
 
 class Conduit:
-    """An Experience Data Plane runtime (see the module docstring)."""
+    """An Experience Data Plane runtime (see the module docstring).
+
+    Args:
+        config: the configuration; ``Conduit(policy=..., ...)`` is shorthand for
+            ``Conduit(ConduitConfig(policy=..., ...))``.
+        spec: the experience spec, when known up front (else inferred from the first push).
+        storage: where the buffer's rows live (a :class:`~conduit.storage.StoragePolicy`);
+            ``None``: ``config.storage_device`` if pinned, else the placement planner's choice.
+        tracer: records a timeline of every operator (default: the process's tracer, off).
+        registry: the hooks (default: a fresh registry, filled by ``@edp.register_*``).
+    """
 
     def __init__(
         self,
         config: ConduitConfig | None = None,
         *,
         spec: ExperienceSpec | None = None,
-        growable: Iterable[str] = (),
-        schedule: Schedule | None = None,
         storage: StoragePolicy | None = None,
         tracer: Tracer | None = None,
         registry: HookRegistry | None = None,
-        **config_fields: Any,
+        **fields: Any,
     ) -> None:
-        if config is None:
-            config = ConduitConfig(**config_fields)
-        elif config_fields:
-            raise ConfigError(f"pass either a ConduitConfig or config fields, not both (got {sorted(config_fields)})")
-        self.config = config
+        if config is not None and fields:
+            raise ConfigError(f"pass either a ConduitConfig or config fields, not both (got {sorted(fields)})")
+        self.config = config if config is not None else ConduitConfig(**fields)
         self.spec_declared = spec
-        self.growable = frozenset(growable)
         self.tracer = tracer or global_tracer()
         self.registry = registry or HookRegistry()
-        self.schedule = self._check_schedule(schedule or config.default_schedule())
-        self.storage_policy: StoragePolicy = storage or self._default_storage_policy()
+        self.schedule = self.config.default_schedule()
+        self.storage_policy: StoragePolicy = storage or build.storage_policy(self.config)
         self.failure = FailureBox()
         self._start_lock = threading.Lock()
         self._started = False
@@ -117,7 +123,7 @@ class Conduit:
         self._channels: list[ActorChannel] = []
         #: objects told about every push, pull and annotated phase (the auto planner is one)
         self.observers: list[Any] = []
-        self.buffer: ReplayBuffer | IterationBuffer | None = None
+        self.buffer: ExperienceBuffer | None = None
         self.ingestion: IngestionPath | None = None
         self.delivery: DeliveryPath | None = None
 
@@ -136,7 +142,7 @@ class Conduit:
         if not isinstance(schedule, Schedule):
             raise TypeError(
                 f"schedule={schedule!r}: expected a conduit.Schedule (e.g. Schedule(Mode(False, 1), Mode(True, 2))); "
-                "to pin knobs from configuration use ConduitConfig(schedule={'delivery_overlap': True, ...})"
+                "to pin knobs from configuration use ConduitConfig(pinned={'delivery_overlap': True, ...})"
             )
         for path, mode, space in (
             ("ingestion", schedule.ingestion, cfg.ingestion_space),
@@ -149,43 +155,6 @@ class Conduit:
                 )
         return schedule
 
-    def _default_storage_policy(self) -> StoragePolicy:
-        """A pinned ``storage_device`` wins; with a learner on a GPU, Alg. 1 on the profiled machine; else host memory.
-
-        Learners on the CPU keep the buffer in pageable host memory without profiling: a GPU or pinned buffer
-        between CPU actors and CPU learners adds a copy each way (a pageable copy to or from a GPU is itself a
-        host memcpy into the driver's staging memory plus a DMA), so Eq. 1 cannot prefer one unless the
-        profile is noise, and profiling would cost every such runtime seconds at construction.
-        """
-        cfg = self.config
-        if cfg.storage_device is not None:
-            return FixedStorage(cfg.storage_device)
-        if not torch.cuda.is_available() or not any(d.startswith("cuda") for d in cfg.learner_devices):
-            return FixedStorage("cpu")  # no GPU, or no learner on one
-        from conduit.placement.policy import PlacementPolicy  # scipy and the planner, only when they can matter
-
-        return PlacementPolicy.for_this_machine(
-            learners=list(cfg.learner_devices), capacity=cfg.placement_rows, headroom=cfg.memory_headroom
-        )
-
-    def _make_sampler(self) -> Sampler:
-        cfg = self.config
-        assert cfg.capacity is not None
-        if cfg.sampler is SamplerKind.PRIORITIZED:
-            p = cfg.prioritized
-            return PrioritizedSampler(cfg.capacity, p.alpha, p.beta, p.eps)
-        kinds: dict[SamplerKind, type[Sampler]] = {
-            SamplerKind.UNIFORM: UniformSampler, SamplerKind.FIFO: FifoSampler, SamplerKind.LIFO: LifoSampler,
-        }
-        return kinds[cfg.sampler](cfg.capacity)
-
-    def _make_limiter(self) -> RateLimiter:
-        cfg = self.config
-        rl = cfg.rate_limit
-        if rl is None:
-            return RateLimiter(min_size=cfg.sample_min)
-        return RateLimiter(min_size=cfg.sample_min, samples_per_insert=rl.samples_per_insert, tolerance=rl.tolerance)
-
     def start(self) -> Conduit:
         """Build the buffer and both paths (done lazily by the first push/pull)."""
         with self._start_lock:
@@ -194,67 +163,27 @@ class Conduit:
             if self._started:
                 return self
             cfg = self.config
-            devices = [torch.device(d) for d in cfg.learner_devices]
-            common = dict(tracer=self.tracer, failure=self.failure, timeout=cfg.timeout_s)
-            block = cfg.rate_limit.block if cfg.rate_limit is not None else True
-            limiter: RateLimiter | None = None
-            if cfg.policy is Policy.OFF_POLICY:
-                assert cfg.capacity is not None
-                self.buffer = ReplayBuffer(
-                    cfg.capacity, self.storage_policy, self._make_sampler(),
-                    spec=self.spec_declared, seed=cfg.seed, growable=self.growable,
-                    remover=make_remover(cfg.remover.value), max_times_sampled=cfg.max_times_sampled,
-                    recycle_batches=cfg.recycle_batches,
-                )
-                limiter = self._make_limiter()
-                self.delivery = ReplayDelivery(
-                    buffer=self.buffer, batch_size=cfg.train_batch_size, limiter=limiter, block=block,
-                    on_sampled=self._notify_ingestion, batch_pool=cfg.batch_pool,
-                    recycle_batches=cfg.recycle_batches, mode=self.schedule.delivery,
-                    hook=self._hook(HookKind.DELIVERY), learner_devices=devices, **common,
-                )
-            else:
-                self.buffer = IterationBuffer(
-                    cfg.storage_rows, self.storage_policy, num_minibatches=cfg.num_minibatches,
-                    num_epochs=cfg.num_epochs, num_learners=cfg.num_learners, spec=self.spec_declared,
-                    seed=cfg.seed, growable=self.growable, expected_rows=cfg.train_batch_size,
-                    presort=cfg.presort,
-                )
-                self.delivery = MinibatchDelivery(
-                    buffer=self.buffer, mode=self.schedule.delivery, hook=self._hook(HookKind.DELIVERY),
-                    learner_devices=devices, recycle_batches=cfg.recycle_batches, **common,
-                )
-            self.ingestion = IngestionPath(
-                mode=self.schedule.ingestion, buffer=self.buffer, hook=self._hook(HookKind.INGESTION),
-                train_batch_size=cfg.train_batch_size, stream_device=self._storage_device(),
-                limiter=limiter if cfg.rate_limit is not None else None, block=block,
-                copy_on_push=cfg.copy_on_push, **common,
+            buffer = build.buffer(cfg, self.storage_policy, self.spec_declared)
+            delivery = build.delivery(
+                cfg, buffer, self.schedule.delivery, self._hook(HookKind.DELIVERY), self.tracer, self.failure
             )
-            self.buffer.on_data.append(self.delivery.notify)
-            if isinstance(self.buffer, IterationBuffer):
-                self.buffer.on_release.append(self._notify_ingestion)
-            self.delivery.start()
+            ingestion = IngestionPath(
+                mode=self.schedule.ingestion, buffer=buffer, hook=self._hook(HookKind.INGESTION),
+                tracer=self.tracer, failure=self.failure, timeout=cfg.timeout_s,
+                stream_device=build.stream_device(cfg), copy_on_push=cfg.copy_on_push,
+            )
+            buffer.on_data.append(delivery.notify)
+            buffer.on_room.append(ingestion.wake)
+            delivery.start()
+            self.buffer, self.delivery, self.ingestion = buffer, delivery, ingestion
             self.registry.freeze("the runtime has started; register hooks before the first push/pull")
             self._started = True
-            log.info("conduit: started %s, %s", cfg.policy.value, self.schedule)
+            log.info("conduit: started %s, %s", self.config.policy.value, self.schedule)
             return self
 
     def _hook(self, kind: HookKind) -> Callable[..., Any] | None:
         spec = self.registry.get(kind)
         return spec.fn if spec is not None else None
-
-    def _storage_device(self) -> torch.device:
-        """The device whose stream ingestion copies run on: the storage GPU, else the first GPU learner."""
-        d = self.config.storage_device
-        if d is not None and d.startswith("cuda"):
-            return torch.device(d)
-        gpus = [x for x in self.config.learner_devices if x.startswith("cuda")]
-        return torch.device(gpus[0]) if gpus else torch.device("cpu")
-
-    def _notify_ingestion(self) -> None:
-        if self.ingestion is not None:
-            with self.ingestion.cond:
-                self.ingestion.cond.notify_all()
 
     def _ensure_started(self) -> None:
         if not self._started:
@@ -334,14 +263,11 @@ class Conduit:
             if batch.info.last:
                 return
 
-    def ready(self) -> bool:
-        """Off-policy: whether a pull can be served now without waiting for more data."""
+    def ready(self, learner: int = 0) -> bool:
+        """Whether a pull for ``learner`` can be served now without waiting for more data."""
         self._ensure_started()
-        if isinstance(self.delivery, ReplayDelivery):
-            with self.delivery.cond:
-                return bool(self.delivery.staged[0]) or self.delivery._can_produce(0)
-        assert isinstance(self.buffer, IterationBuffer)
-        return self.buffer.current() is not None
+        assert self.delivery is not None
+        return self.delivery.ready(learner)
 
     def flush(self, *, timeout: float | None = None) -> None:
         """Ingest every unit pushed so far (partial granularity groups included)."""
@@ -352,8 +278,8 @@ class Conduit:
     def seal(self) -> int | None:
         """On-policy: end the iteration being pushed now, even if short of train_batch_size."""
         self._ensure_started()
-        assert self.ingestion is not None
-        return self.ingestion.seal()
+        assert self.buffer is not None
+        return self.buffer.seal_open()
 
     def update_priorities(self, batch: Batch | BatchInfo, priorities: Any) -> int:
         """Prioritized replay: new priorities (e.g. |TD error|) for a delivered batch's rows.
@@ -362,8 +288,7 @@ class Conduit:
         (generation check). Returns how many priorities were applied.
         """
         self._ensure_started()
-        if not isinstance(self.buffer, ReplayBuffer) or self.config.sampler is not SamplerKind.PRIORITIZED:
-            raise SemanticsError("update_priorities needs off-policy replay with sampler='prioritized'")
+        assert self.buffer is not None
         info = batch.info if isinstance(batch, Batch) else batch
         if isinstance(priorities, torch.Tensor):
             priorities = priorities.detach().to("cpu", torch.float64).numpy()
@@ -374,7 +299,8 @@ class Conduit:
 
         Units pushed so far are ingested under the old ingestion mode first;
         batches already staged for learners stay valid (off-policy) or belong to
-        the same iteration (on-policy) and keep the mode they were made under.
+        the same iteration (on-policy) and keep the mode they were made under;
+        a learner waiting in a pull is served by the new mode.
         """
         schedule = self._check_schedule(schedule)
         if not self._started:
@@ -399,31 +325,72 @@ class Conduit:
         with self.ingestion.paused(timeout), self.delivery.paused(timeout):
             yield
 
+    # -- checkpoints --------------------------------------------------------------
+    def state_dict(self, *, timeout: float | None = None) -> dict[str, dict[str, Any]]:
+        """The buffer's, ingestion's and delivery's state at one consistent point (tensors and primitives only).
+
+        Both paths are paused between invocations; learners may still take staged
+        batches, so what a pull changes (staged batches, pull counts, the rate limiter,
+        rows' sample counts) is read with no pull between taking a batch and counting
+        it (``DeliveryPath.settled``). The rows themselves change only while ingesting
+        (paused), so they are copied without holding up those pulls.
+        """
+        with self.quiesced(timeout):
+            assert self.buffer is not None and self.ingestion is not None and self.delivery is not None
+            with self.delivery.settled(timeout):
+                delivery = self.delivery.state_dict()
+                buffer = self.buffer.state_dict(rows=False)
+            buffer["rows"] = self.buffer.rows_state()
+            ingestion = self.ingestion.state_dict()
+        return {"buffer": buffer, "ingestion": ingestion, "delivery": delivery}
+
+    def load_state_dict(self, state: Mapping[str, dict[str, Any]]) -> None:
+        """Continue from :meth:`state_dict` (into a runtime that has not pushed yet)."""
+        self.start()
+        assert self.buffer is not None and self.ingestion is not None and self.delivery is not None
+        self.buffer.load_state_dict(state["buffer"])
+        self.delivery.load_state_dict(state["delivery"])
+        self.ingestion.load_state_dict(state["ingestion"])
+
+    def _manifest(self, state: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+        """What a checkpoint says of itself in plain JSON: what to rebuild the runtime from, and a summary."""
+        return {
+            "conduit_version": __version__,
+            "policy": self.config.policy.value,
+            "config": self.config.model_dump(mode="json"),
+            "spec": self.spec.to_json() if self.spec is not None else None,
+            "schedule": self.schedule.to_json(),
+            "buffer": {"inserted": int(state["buffer"]["inserted"])},
+            "delivery": {"pulls": [int(p) for p in state["delivery"]["pulls"]]},
+        }
+
     def save(self, path: str | Path, *, timeout: float | None = None) -> Path:
         """Checkpoint the whole buffer state to ``path`` atomically (see :mod:`conduit.checkpoint`)."""
-        from conduit.checkpoint import save
-
-        return save(self, path, timeout=timeout)
+        state = self.state_dict(timeout=timeout)
+        return checkpoint.save(path, self._manifest(state), state)
 
     def restore(self, path: str | Path) -> dict[str, Any]:
         """Load a checkpoint into this fresh runtime; returns its manifest."""
-        from conduit.checkpoint import load_into
-
-        return load_into(self, path)
+        manifest, state = checkpoint.load(path)
+        if self._started and self.buffer is not None and self.buffer.inserted:
+            raise CheckpointError("restore into a fresh runtime (this one already holds data)")
+        if manifest["policy"] != self.config.policy.value:
+            raise CheckpointError(f"checkpoint is {manifest['policy']}, the runtime is {self.config.policy.value}")
+        if manifest["spec"] is not None and self.spec_declared is not None:
+            if ExperienceSpec.from_json(manifest["spec"]) != self.spec_declared:
+                raise CheckpointError("the checkpoint's experience spec differs from the runtime's declared spec")
+        self.load_state_dict(state)
+        return manifest
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, storage: StoragePolicy | None = None, **overrides: Any) -> Conduit:
         """A runtime rebuilt from a checkpoint's config (``overrides`` change fields, e.g. ``storage_device``)."""
-        from conduit.checkpoint import read_manifest
-
-        _, manifest = read_manifest(path)
+        _, manifest = checkpoint.read_manifest(path)
         config = ConduitConfig(**{**manifest["config"], **overrides})
         spec = ExperienceSpec.from_json(manifest["spec"]) if manifest["spec"] else None
-        schedule = Schedule(
-            Mode(manifest["schedule"]["ingestion"]["overlap"], manifest["schedule"]["ingestion"]["granularity"]),
-            Mode(manifest["schedule"]["delivery"]["overlap"], manifest["schedule"]["delivery"]["granularity"]),
-        )
-        runtime = cls(config, spec=spec, schedule=schedule if "schedule" not in overrides else None, storage=storage)
+        runtime = cls(config, spec=spec, storage=storage)
+        if "pinned" not in overrides:  # the schedule it ran under (a planner's choice, or the pinned one)
+            runtime.reschedule(Schedule.from_json(manifest["schedule"]))
         runtime.restore(path)
         return runtime
 
@@ -436,17 +403,12 @@ class Conduit:
         ing = self.ingestion.stats if self.ingestion else None
         dlv = self.delivery.stats if self.delivery else None
         buf = self.buffer
-        rows = 0
-        if isinstance(buf, ReplayBuffer):
-            rows = buf.size
-        elif isinstance(buf, IterationBuffer):
-            rows = sum(it.rows for it in buf.iterations.values())
         return RuntimeStats(
             pushed_units=ing.pushed_units if ing else 0,
             pushed_rows=ing.pushed_rows if ing else 0,
             ingested_rows=ing.ingested_rows if ing else 0,
             ingestion_invocations=ing.invocations if ing else 0,
-            buffer_rows=rows,
+            buffer_rows=buf.rows if buf else 0,
             buffer_version=buf.inserted if buf else 0,
             pulls=dlv.pulls if dlv else 0,
             delivered_rows=dlv.delivered_rows if dlv else 0,
@@ -493,20 +455,14 @@ class Conduit:
         for path in (self.ingestion, self.delivery):
             if path is not None:
                 stopped &= path.close(timeout)
-        if isinstance(self.delivery, ReplayDelivery):  # after the worker stopped: its last invocation is staged
-            self.delivery.release_reservations()
         if not stopped:
             log.warning("conduit: a worker thread did not stop within %.3gs", timeout)
         self._release()
 
     def _release(self) -> None:
-        """Drop storage and staged data now; reference cycles (threads, callbacks) would keep them for a GC."""
+        """Drop storage and queued data now; reference cycles (threads, callbacks) would keep them for a GC."""
         if self.buffer is not None:
             self.buffer.release()
-        if self.delivery is not None:
-            with self.delivery.cond:
-                for q in self.delivery.staged:
-                    q.clear()
         if self.ingestion is not None:
             with self.ingestion.cond:
                 self.ingestion.queue.clear()

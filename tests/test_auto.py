@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from conduit import Conduit, ExperienceSpec, FieldSpec
+from conduit.core import Mode, Schedule, feasible_schedules, is_feasible_mode
 from conduit.scheduling.auto import AutoPlanner, Phase
+from conduit.scheduling.fit import settle, shortlist
 from conduit.scheduling.model import rank
-from conduit.scheduling.profiler import settle, shortlist
-from conduit.scheduling.space import Mode, Schedule, feasible_schedules, is_feasible_mode
-from conduit.synthetic import Burner, CostKind
+from conduit.scheduling.workload import Burner, CostKind
 from tests.helpers import transitions
 
 

@@ -7,24 +7,35 @@ the tests check what is reported and how.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from conduit.cli.main import app
 from typer.testing import CliRunner
 
-from conduit.bench import peers as peers_mod
-from conduit.bench.loop_results import ConfigResult, SyntheticResult, SyntheticSettings, WorkloadResult, workloads
-from conduit.bench.micro import CaseResult, DimResult, MicroResult, MicroSettings, capacity_for, run_micro
-from conduit.bench.peers import MicroData, Missing, Op, Role, Sampling, load_peer
-from conduit.bench.peers_conduit import SharedStorage, micro_spec
-from conduit.bench.report import micro_ratios, micro_tables, micro_targets, to_markdown
-from conduit.bench.report_loop import loop_tables, loop_targets
-from conduit.bench.timing import Stat, interleaved
+from benchmarks import peers as peers_mod
+from benchmarks.loop_results import ConfigResult, SyntheticResult, SyntheticSettings, WorkloadResult, workloads
+from benchmarks.micro import CaseResult, DimResult, MicroResult, MicroSettings, capacity_for, run_micro
+from benchmarks.peers import MicroData, Missing, Op, Role, Sampling, load_peer
+from benchmarks.peers_conduit import SharedStorage, micro_spec
+from benchmarks.report import (
+    MEMORY_BOUND_QUESTION,
+    PEERS_QUESTION,
+    micro_json,
+    micro_ratios,
+    micro_tables,
+    micro_targets,
+    to_markdown,
+)
+from benchmarks.report_loop import LOOP_QUESTION, loop_json, loop_tables, loop_targets
+from benchmarks.timing import Stat, interleaved
+from conduit.core import Mode, Policy, Schedule
 from conduit.scheduling.model import Prediction
-from conduit.scheduling.space import Mode, Policy, Schedule
-from conduit.synthetic import CostKind, SyntheticWorkload, bracketed_exposed
+from conduit.scheduling.workload import CostKind, SyntheticWorkload, bracketed_exposed
 
 TINY = MicroSettings(
     dims=(8,),
@@ -104,12 +115,16 @@ def test_micro_result_has_every_role_and_byte_count(tiny_result: MicroResult) ->
 
 
 def test_micro_json_carries_ratios_targets_and_missing(tiny_result: MicroResult) -> None:
-    doc = json.loads(json.dumps(tiny_result.to_json()))
+    doc = json.loads(json.dumps(micro_json(tiny_result)))
     (d,) = doc["dims"]
     assert d["ratios"]["pull/index_select"] > 0
     assert d["ratios"]["torchrl/pull"] is None  # not asked for: no number, no invented one
-    assert {t["issue"] for t in doc["targets"]} == {2, 6}
+    assert {t["question"] for t in doc["targets"]} == {MEMORY_BOUND_QUESTION, PEERS_QUESTION}
     assert doc["machine"]["nproc"] >= 1 and doc["machine"]["torch"]
+    # the result's own records carry what was measured; the ratios and targets are the report's
+    plain = json.loads(json.dumps(tiny_result.to_json()))
+    assert "targets" not in plain and "ratios" not in plain["dims"][0]
+    assert {k: v for k, v in d.items() if k != "ratios"} == plain["dims"][0]
 
 
 def test_one_transition_chunks_are_timed_on_a_ring_filled_in_bulk() -> None:
@@ -166,7 +181,7 @@ def _case(name: str, op: Op, role: Role, seconds: float, sampling: Sampling | No
     return CaseResult(name, "x", op, role, sampling, Stat((seconds,)), 1000, 1)
 
 
-def test_ratios_and_verdicts_follow_the_issue_targets() -> None:
+def test_ratios_and_verdicts_follow_the_targets() -> None:
     d = DimResult(
         1000,
         10,
@@ -192,7 +207,8 @@ def test_ratios_and_verdicts_follow_the_issue_targets() -> None:
     assert r["gather_op/index_select_same_storage"] == pytest.approx(0.9 / 0.8)
     assert r["torchrl_best/pull"] == pytest.approx(1.5)  # against TorchRL's faster variant
     assert r["pull/memcpy"] == pytest.approx(2.0)
-    verdicts = {t.detail: t.met for t in micro_targets(MicroResult(TINY, {}, [d]))}
+    targets = micro_targets(MicroResult(TINY, {}, [d]))
+    verdicts = {t.detail: t.met for t in targets}
     assert verdicts == {
         "pull/index_select": True,
         "gather_op/index_select": True,
@@ -202,6 +218,14 @@ def test_ratios_and_verdicts_follow_the_issue_targets() -> None:
         "pull/memcpy": False,
         "torchrl_extend/push": True,
     }
+    questions = {t.detail: t.question for t in targets}
+    assert {k for k, q in questions.items() if q == MEMORY_BOUND_QUESTION} == {
+        "pull/index_select",
+        "gather_op/index_select",
+        "push/slice_copy",
+        "pull/memcpy",
+    }
+    assert {k for k, q in questions.items() if q == PEERS_QUESTION} == {"torchrl_best/pull", "cpprb/pull", "torchrl_extend/push"}
 
 
 # -- synthetic ----------------------------------------------------------------------
@@ -249,6 +273,8 @@ def test_loop_targets_need_a_70_percent_cut_off_policy_and_report_on_policy() ->
     )
     t = loop_targets(result)
     assert [x.met for x in t] == [True, False, None]
+    assert {x.question for x in t} == {LOOP_QUESTION}
+    assert [x["met"] for x in loop_json(result)["targets"]] == [True, False, None]
     assert t[2].verdict == "reported" and t[2].value == pytest.approx(0.975)
     text = "".join(to_markdown(tb) for tb in loop_tables(result))
     assert "unavailable" in text and "needs CUDA" in text
@@ -320,7 +346,7 @@ def test_cli_rejects_unknown_peers_and_bad_dims() -> None:
 
 
 def test_plot_without_matplotlib_fails_clearly(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    from conduit.bench.plot import MissingExtra, require_matplotlib
+    from benchmarks.plot import MissingExtra, require_matplotlib
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(MissingExtra, match=r"conduit-edp\[bench\]"):
@@ -331,7 +357,7 @@ def test_plot_without_matplotlib_fails_clearly(monkeypatch: pytest.MonkeyPatch, 
 
 def test_plot_writes_a_png(tiny_result: MicroResult, tmp_path) -> None:
     pytest.importorskip("matplotlib")
-    from conduit.bench.plot import plot_micro
+    from benchmarks.plot import plot_micro
 
     path = plot_micro(tiny_result, tmp_path / "micro.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -376,7 +402,7 @@ def test_cli_synthetic_json_on_a_tiny_loop() -> None:
     assert kinds["inline"]["reduction_vs_inline"] == pytest.approx(0.0)
     assert kinds["auto"]["t_iter_s"] > 0 and kinds["auto"]["schedule"] is not None
     assert (kinds["gear"]["unavailable"] is None) == doc["machine"]["cuda"]
-    assert doc["targets"] and doc["targets"][0]["issue"] == 6
+    assert doc["targets"] and doc["targets"][0]["question"] == LOOP_QUESTION
     # each run's exposed latency can be recomputed from the run order and the alone costs measured around it
     assert len(w["alone_s"]) == len(w["run_order"]) + 1
     i = w["run_order"].index(kinds["inline"]["name"])
@@ -385,7 +411,7 @@ def test_cli_synthetic_json_on_a_tiny_loop() -> None:
 
 
 def test_markdown_document_has_both_sections(tiny_result: MicroResult) -> None:
-    from conduit.bench.document import markdown_document
+    from benchmarks.document import markdown_document
 
     synthetic = SyntheticResult(
         SyntheticSettings(),
@@ -397,6 +423,11 @@ def test_markdown_document_has_both_sections(tiny_result: MicroResult) -> None:
     text = markdown_document(tiny_result, synthetic)
     assert text.index("## Micro-benchmarks") < text.index("## Synthetic loop")
     assert "Machine: " in text and "| Conduit pull (inline g=1) |" in text and "placements on this machine: cpu" in text
+    # the targets' tables name the question each row answers, never a tracker's issue number
+    assert "| question | target | criterion |" in text and "| question | criterion | workload |" in text
+    for question in (MEMORY_BOUND_QUESTION, PEERS_QUESTION, LOOP_QUESTION):
+        assert f"| {question} |" in text
+    assert "| #" not in text and "issue" not in text.lower()
 
 
 def test_missing_is_json_friendly() -> None:
@@ -423,10 +454,10 @@ def test_the_one_command_behind_benchmarks_md_names_commands_that_exist() -> Non
 
 def test_tables_print_schedules_verbatim_in_the_terminal():
     """A schedule reads "ingestion[overlap g=1]": rich must not take the brackets for a style and drop them."""
-    from conduit.cli.bench import _render
     from rich.console import Console
 
-    from conduit.bench.report import TableData
+    from benchmarks.cli import _render
+    from benchmarks.report import TableData
 
     console = Console(record=True, width=200)
     cell = "ingestion[overlap g=1] delivery[inline g=2] (0.79)"
@@ -438,7 +469,7 @@ def test_tables_print_schedules_verbatim_in_the_terminal():
 def test_a_workload_recalibrates_the_compute_burn(monkeypatch: pytest.MonkeyPatch) -> None:
     """The burn is measured again per workload: a calibration from a slower stretch of the host would burn
     other than the workload's cost for the rest of the sweep."""
-    from conduit.synthetic import Burner
+    from conduit.scheduling.workload import Burner
 
     Burner(CostKind.COMPUTE)
     monkeypatch.setitem(Burner._calibration, 256, 1.0)  # as if one matmul had taken a second
@@ -465,3 +496,102 @@ def test_the_gpu_scripts_parse_and_say_there_is_nothing_to_check_without_cuda() 
     )
     assert done.returncode == 0, done.stderr
     assert "no CUDA device on this machine" in done.stdout
+
+
+# -- `conduit bench` where the harness is, and where it is not -------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+#: a wheel's view: `import benchmarks` fails, and no checkout lies beside the installed package
+ABSENT = """
+import sys
+import conduit
+
+conduit.__file__ = {fake!r}  # cli/harness.py looks for the checkout beside the package: here, an empty folder
+sys.modules["benchmarks"] = None  # and the harness cannot be imported from anywhere
+from conduit.cli import harness as bench
+from conduit.cli.main import app
+
+assert bench.load_harness() is None and "benchmarks.cli" not in sys.modules
+app(sys.argv[1:], prog_name="conduit")
+"""
+
+
+def _python(code: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=env
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench"],
+        ["bench", "--help"],
+        ["bench", "micro", "--dims", "8", "--json"],
+        ["bench", "validate", "--g-max", "2", "--no-such-option"],
+    ],
+    ids=["bare", "help", "micro", "validate"],
+)
+def test_bench_without_the_harness_says_where_it_is_and_exits_1(tmp_path, args: list[str]) -> None:
+    fake = tmp_path / "site-packages" / "conduit" / "__init__.py"
+    done = _python(ABSENT.format(fake=str(fake)), *args, cwd=tmp_path)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "benchmark harness (benchmarks/) ships with the source, not the wheel" in done.stderr
+    assert 'pip install -e ".[bench]"' in done.stderr and "python -m benchmarks" in done.stderr
+    assert done.stdout == "" and "Traceback" not in done.stderr
+
+
+def test_a_harness_that_fails_to_import_leaves_the_other_commands_working(tmp_path) -> None:
+    code = """
+import sys
+sys.modules["benchmarks.report"] = None  # the harness is there, but one of its modules cannot be imported
+from conduit.cli.main import app
+app(sys.argv[1:], prog_name="conduit")
+"""
+    done = _python(code, "bench", "micro", "--dims", "8", cwd=ROOT)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "the benchmark harness (benchmarks/) failed to import" in done.stderr and "benchmarks.report" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = _python(code, "plan", "--help", cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+
+
+def test_bench_finds_the_harness_in_the_checkout_beside_the_package(tmp_path) -> None:
+    """An editable install from a clone: `benchmarks` is not on sys.path (the console script's folder is, and
+    TorchRL installs a namespace package of that name), yet `conduit bench` finds the clone's harness."""
+    code = f"""
+import sys
+sys.path[:] = [p for p in sys.path if p not in ("", {str(ROOT)!r})]
+import conduit.cli.harness as bench
+import benchmarks
+import benchmarks.cli
+assert bench.app is benchmarks.cli.app, bench.app
+print(benchmarks.__file__)
+print(sorted(c.name for c in bench.app.registered_commands))
+"""
+    done = _python(code, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    where, commands = done.stdout.splitlines()
+    assert where == str(ROOT / "benchmarks" / "__init__.py")
+    assert commands == str(["all", "micro", "synthetic", "validate"])
+
+
+def test_import_conduit_imports_neither_the_cli_nor_the_harness() -> None:
+    done = _python(
+        "import sys, conduit; print(sorted(m for m in sys.modules if m.split('.')[0] == 'benchmarks' "
+        "or m.startswith('conduit.cli')))",
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_python_m_benchmarks_runs_the_bench_commands() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert "python -m benchmarks" in done.stdout
+    for command in ("micro", "synthetic", "validate", "all"):
+        assert command in done.stdout

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conduit import ExperienceSpec, FieldSpec, SemanticsError, SpecError
-from conduit.buffer import ReplayBuffer
-from conduit.iterations import IterationBuffer
+from conduit.buffers.iterations import IterationBuffer
+from conduit.buffers.replay import ReplayBuffer
 from conduit.samplers import PrioritizedSampler, UniformSampler
 from conduit.slots import SlotTable, UniformRemover
 from conduit.storage import FixedStorage
@@ -103,14 +103,14 @@ def test_a_loaded_slot_table_is_a_pure_ring_only_if_its_ids_say_so():
     buf = ring(8)
     buf.write([transitions(5)])
     buf.write([transitions(6, start=5)])  # wraps
-    state = buf.table.state()
+    state = buf.table.state_dict()
     table = SlotTable(8)
-    table.load(state)
+    table.load_state_dict(state)
     assert table.ring_state() == buf.table.ring_state() == (3, 11, 8)
     s = buf.sample(16)
     np.testing.assert_array_equal(s.ids, table.ids[s.indices])
     state["ids"][4] = 99  # not what a ring's writes leave
-    table.load(state)
+    table.load_state_dict(state)
     assert table.ring_state() is None
     table.occupy_ring(2, 11)  # and stays so: its ids are read from the table
     assert table.ring_state() is None

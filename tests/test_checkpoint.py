@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conduit import Conduit, Mode, Schedule, SemanticsError
-from conduit.checkpoint import CheckpointError, read_manifest
+from conduit.checkpoint import CheckpointError, load, read_manifest
 from conduit.storage import ShardedStorage
 from tests.helpers import transitions
 
@@ -24,10 +24,10 @@ INLINE = Schedule(Mode(False, 1), Mode(False, 1))
 BATCHED = Schedule(Mode(False, 2), Mode(False, 3))  # leaves staged batches and pending units around
 
 
-def make(sampler="uniform", schedule=INLINE, **kw) -> Conduit:
+def make(sampler="uniform", pinned=INLINE, **kw) -> Conduit:
     cfg = dict(policy="off_policy", train_batch_size=4, capacity=48, seed=7, sampler=sampler, timeout_s=5.0)
     cfg.update(kw)
-    return Conduit(schedule=schedule, **cfg)
+    return Conduit(pinned=pinned, **cfg)
 
 
 def drive(edp: Conduit, steps: range, record: list) -> None:
@@ -88,7 +88,7 @@ def test_a_failure_mid_save_leaves_the_previous_checkpoint_intact(tmp_path, monk
         real_save = torch.save
 
         def crash(obj, f, *args, **kwargs):
-            if str(f).endswith("staged.pt"):
+            if str(f).endswith("delivery.pt"):
                 raise OSError("disk full")
             return real_save(obj, f, *args, **kwargs)
 
@@ -167,11 +167,11 @@ def test_corrupt_and_foreign_checkpoints_fail_clearly(tmp_path):
         drive(a, range(5), [])
         a.save(tmp_path / "ckpt")
     ck = tmp_path / "ckpt"
-    rows = ck / "rows.pt"
+    rows = ck / "buffer.pt"
     data = bytearray(rows.read_bytes())
     data[-10] ^= 0xFF
     rows.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match=r"rows\.pt does not match its recorded checksum"):
+    with pytest.raises(CheckpointError, match=r"buffer\.pt does not match its recorded checksum"):
         read_manifest(ck)
     with pytest.raises(CheckpointError, match="no checkpoint directory"):
         read_manifest(tmp_path / "nowhere")
@@ -218,7 +218,7 @@ def test_on_policy_checkpoints_between_iterations_only(tmp_path):
 def test_save_under_load_is_a_consistent_point(tmp_path):
     import threading
 
-    edp = make(schedule=Schedule(Mode(True, 2), Mode(True, 2)), capacity=4096)
+    edp = make(pinned=Schedule(Mode(True, 2), Mode(True, 2)), capacity=4096)
     stop = threading.Event()
     with edp:
         def actor():
@@ -233,7 +233,7 @@ def test_save_under_load_is_a_consistent_point(tmp_path):
         for _ in range(3):
             edp.save(tmp_path / "ckpt")
             _, m = read_manifest(tmp_path / "ckpt")
-            ids = np.load(tmp_path / "ckpt" / "state.npz")["table_ids"]
+            ids = np.asarray(load(tmp_path / "ckpt")[1]["buffer"]["table"]["ids"])
             assert int((ids >= 0).sum()) == min(m["buffer"]["inserted"], 4096)
         stop.set()
         t.join()
@@ -242,11 +242,11 @@ def test_save_under_load_is_a_consistent_point(tmp_path):
 def test_a_push_while_the_queue_is_saved_lands_after_the_checkpoint(tmp_path, monkeypatch):
     """Pushes go on queueing while a save holds ingestion still, so the save copies the queue at one point:
     it once iterated the live queue and failed with "deque mutated during iteration" under a pushing actor."""
-    from conduit import checkpoint
+    from conduit.paths import ingestion
 
-    edp = make(schedule=Schedule(Mode(True, 2), Mode(True, 2)), capacity=4096)
+    edp = make(pinned=Schedule(Mode(True, 2), Mode(True, 2)), capacity=4096)
     pushed_during_save = []
-    real_adopt = checkpoint.adopt
+    real_adopt = ingestion.adopt
 
     def adopt_then_push(data, producers):  # an actor's push lands while the save walks the queue
         real_adopt(data, producers)
@@ -256,13 +256,13 @@ def test_a_push_while_the_queue_is_saved_lands_after_the_checkpoint(tmp_path, mo
 
     with edp:
         edp.push(transitions(8))  # one unit of a group of two: it waits in the queue
-        monkeypatch.setattr(checkpoint, "adopt", adopt_then_push)
+        monkeypatch.setattr(ingestion, "adopt", adopt_then_push)
         edp.save(tmp_path / "ckpt")
-        monkeypatch.setattr(checkpoint, "adopt", real_adopt)
+        monkeypatch.setattr(ingestion, "adopt", real_adopt)
         assert pushed_during_save
         edp.flush()
         assert edp.stats().ingested_rows == 16  # the runtime itself lost nothing
-    saved = torch.load(tmp_path / "ckpt" / "pending.pt", weights_only=True)
+    saved = load(tmp_path / "ckpt")[1]["ingestion"]
     assert saved["pending_units"] == 1 and sum(p["rows"] for p in saved["pieces"]) == 8
     with Conduit.from_checkpoint(tmp_path / "ckpt") as b:  # the checkpoint is the point before that push
         b.flush()
@@ -277,21 +277,21 @@ def test_a_pull_being_counted_when_the_save_starts_is_wholly_in_the_checkpoint(t
     import threading
 
     edp = make(
-        schedule=Schedule(Mode(False, 1), delivery), capacity=4096, max_times_sampled=50,
+        pinned=Schedule(Mode(False, 1), delivery), capacity=4096, max_times_sampled=50,
         rate_limit={"samples_per_insert": 1.0, "tolerance": 1000.0},
     )
     with edp:
         edp.push(transitions(64))
         edp.pull()
         inside, go = threading.Event(), threading.Event()
-        real = edp.delivery._on_pulled
+        real = edp.delivery._counted
 
         def slow_count(*args, **kwargs):  # the second pull stops between taking its batch and counting it
             inside.set()
             assert go.wait(5.0)
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(edp.delivery, "_on_pulled", slow_count)
+        monkeypatch.setattr(edp.delivery, "_counted", slow_count)
         puller = threading.Thread(target=edp.pull)
         puller.start()
         assert inside.wait(5.0)
@@ -304,7 +304,44 @@ def test_a_pull_being_counted_when_the_save_starts_is_wholly_in_the_checkpoint(t
         saver.join(5.0)
         assert not saver.is_alive() and not puller.is_alive()
     _, m = read_manifest(tmp_path / "ckpt")
-    pulled_rows = 4 * sum(m["buffer"]["pulls"])
+    pulled_rows = 4 * sum(m["delivery"]["pulls"])
     assert pulled_rows == 8
-    assert m["buffer"]["limiter"]["samples"] == pulled_rows
-    assert int(np.load(tmp_path / "ckpt" / "state.npz")["table_times_sampled"].sum()) == pulled_rows
+    saved = load(tmp_path / "ckpt")[1]["buffer"]
+    assert saved["limiter"]["samples"] == pulled_rows
+    assert int(np.asarray(saved["table"]["times_sampled"]).sum()) == pulled_rows
+
+
+class _Exploit:
+    """A pickle that runs code when loaded: it creates ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):  # noqa: D105
+        return (open, (self.path, "w"))
+
+
+def test_a_checkpoint_that_would_run_code_when_loaded_is_refused_and_runs_nothing(tmp_path):
+    import hashlib
+
+    def sha(p: Path) -> str:
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+
+    with make() as a:
+        drive(a, range(5), [])
+        a.save(tmp_path / "ckpt")
+    ck, marker = tmp_path / "ckpt", tmp_path / "ran"
+    for name in ("delivery.pt", "buffer.pt"):  # a tampered file, its checksums rewritten: they are not signatures
+        tampered = ck / name
+        torch.save({"pulls": [0], "staged": [_Exploit(marker)]}, tampered)
+        manifest = json.loads((ck / "MANIFEST.json").read_text())
+        manifest["files"][name] = {"sha256": sha(tampered), "bytes": tampered.stat().st_size}
+        (ck / "MANIFEST.json").write_text(json.dumps(manifest))
+        (ck / "COMPLETE").write_text(sha(ck / "MANIFEST.json"))
+        with pytest.raises(CheckpointError, match=rf"{name.replace('.', '[.]')} cannot be loaded safely"):
+            Conduit.from_checkpoint(ck)
+        with pytest.raises(CheckpointError, match="cannot be loaded safely"):
+            load(ck)
+        assert not marker.exists()
+    torch.load(ck / "buffer.pt", weights_only=False)  # the exploit is real: an unsafe load runs it
+    assert marker.exists()

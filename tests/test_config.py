@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from conduit import ConduitConfig, Mode, Policy, Schedule, SchedulePin
-from conduit.scheduling.space import delivery_space, feasible_schedules, ingestion_space
+from conduit.core import delivery_space, feasible_schedules, ingestion_space
 
 
 def off(**kw):
@@ -39,9 +39,9 @@ def on(**kw):
         (on, dict(num_minibatches=100), "num_minibatches=100 exceeds train_batch_size=64"),
         (on, dict(num_learners=32), "num_learners=32"),
         (off, dict(num_learners=2, learner_device=["cpu"]), "lists 1 devices but num_learners=2"),
-        (off, dict(schedule=SchedulePin(delivery_granularity=9)), "schedule.delivery_granularity=9"),
-        (on, dict(schedule=SchedulePin(ingestion_overlap=True, ingestion_granularity=1)), "breaks on_policy semantics"),
-        (on, dict(num_minibatches=1, schedule=SchedulePin(delivery_overlap=True)), "breaks on_policy semantics"),
+        (off, dict(pinned=SchedulePin(delivery_granularity=9)), "pinned.delivery_granularity=9"),
+        (on, dict(pinned=SchedulePin(ingestion_overlap=True, ingestion_granularity=1)), "breaks on_policy semantics"),
+        (on, dict(num_minibatches=1, pinned=SchedulePin(delivery_overlap=True)), "breaks on_policy semantics"),
     ],
 )
 def test_bad_configs_are_rejected_with_the_field_and_value(make, kw, fragment):
@@ -82,9 +82,9 @@ def test_default_schedule_overlaps_for_gpu_learners_and_stays_inline_on_cpu():
 
 
 def test_schedule_pins():
-    pinned = off(schedule=SchedulePin(ingestion_overlap=False, delivery_overlap=True, delivery_granularity=3))
+    pinned = off(pinned=SchedulePin(ingestion_overlap=False, delivery_overlap=True, delivery_granularity=3))
     assert pinned.default_schedule() == Schedule(Mode(False, 1), Mode(True, 3))
-    half = on(schedule=SchedulePin(delivery_overlap=False))
+    half = on(pinned=SchedulePin(delivery_overlap=False))
     assert half.default_schedule().delivery == Mode(False, 1)
-    frac = on(schedule=SchedulePin(ingestion_granularity="1/2"))
+    frac = on(pinned=SchedulePin(ingestion_granularity="1/2"))
     assert frac.default_schedule().ingestion == Mode(True, Fraction(1, 2))

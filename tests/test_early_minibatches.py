@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conduit import Conduit
-from conduit.iterations import IterationBuffer
-from conduit.scheduling.space import Mode, Schedule
+from conduit.buffers.iterations import IterationBuffer
+from conduit.core import Mode, Schedule
 from conduit.spec import ExperienceSpec
 from conduit.storage import FixedStorage, TensorStorage
 from tests.helpers import transitions
@@ -56,7 +56,7 @@ def _consume(edp: Conduit, units: list[int], train: int) -> list[tuple[object, .
 def test_the_first_minibatch_arrives_while_the_closing_unit_is_still_being_written():
     reached, gate = threading.Event(), threading.Event()
     cfg = dict(policy="on_policy", train_batch_size=32, num_minibatches=4, num_epochs=2, seed=3, timeout_s=10.0)
-    with Conduit(**cfg, schedule=_overlapped(4)) as edp:
+    with Conduit(**cfg, pinned=_overlapped(4)) as edp:
         edp.start()
         buffer = edp.buffer
         assert isinstance(buffer, IterationBuffer) and buffer.early_minibatches
@@ -77,7 +77,7 @@ def test_the_first_minibatch_arrives_while_the_closing_unit_is_still_being_writt
         rest = [edp.pull(timeout=5) for _ in range(7)]
         assert rest[-1].info.last
         early = _record([first, *rest])
-    with Conduit(**cfg, schedule=INLINE) as edp:
+    with Conduit(**cfg, pinned=INLINE) as edp:
         assert early == _consume(edp, [8] * 4, 32)
 
 
@@ -149,12 +149,12 @@ def test_overlapped_delivery_with_early_minibatches_delivers_what_inline_does(
     # (sealed with a plan of their own); a last, unfinished one is not consumed
     cfg = dict(
         policy="on_policy", train_batch_size=12, num_minibatches=minibatches, num_epochs=epochs, seed=11,
-        presort=presort, timeout_s=10.0,
+        tuning={"presort": presort}, timeout_s=10.0,
     )
     ingestion = Fraction(min(pieces, minibatches - 1), minibatches)  # on-policy: k/M, below 1 overlapped
-    with Conduit(**cfg, schedule=_overlapped(minibatches, ingestion)) as edp:
+    with Conduit(**cfg, pinned=_overlapped(minibatches, ingestion)) as edp:
         overlapped = _consume(edp, units, 12)
-    with Conduit(**cfg, schedule=INLINE) as edp:
+    with Conduit(**cfg, pinned=INLINE) as edp:
         assert overlapped == _consume(edp, units, 12)
 
 

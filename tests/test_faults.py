@@ -27,7 +27,7 @@ BOTH = [False, True]
 def runtime(overlap: bool, **kw) -> Conduit:
     cfg = dict(policy="off_policy", train_batch_size=4, capacity=256, seed=0, timeout_s=2.0)
     cfg.update(kw)
-    return Conduit(schedule=Schedule(Mode(overlap, 1), Mode(overlap, 1)), **cfg)
+    return Conduit(pinned=Schedule(Mode(overlap, 1), Mode(overlap, 1)), **cfg)
 
 
 def surfaces_within(seconds: float, call, error: type[BaseException]) -> BaseException:
@@ -102,7 +102,7 @@ def test_a_delivery_worker_that_dies_fails_a_blocked_learner_at_once(monkeypatch
         t = threading.Thread(target=learner)
         t.start()
         time.sleep(0.05)
-        monkeypatch.setattr(edp.delivery, "_can_produce", lambda r: (_ for _ in ()).throw(OSError("lost")))
+        monkeypatch.setattr(edp.delivery, "_ready", lambda r: (_ for _ in ()).throw(OSError("lost")))
         with pytest.raises(RuntimeFailed):  # the worker may die before or after this push returns
             edp.push(transitions(16))
             edp.push(transitions(16))
@@ -139,7 +139,7 @@ def test_close_completes_under_every_fault_and_leaves_no_thread(fault, monkeypat
         edp.register_ingestion(input="Actor", output="ExperienceBuffer")(lambda a, b: 1 / 0)
     edp.start()
     if fault == "worker":
-        monkeypatch.setattr(edp.delivery, "_can_produce", lambda r: 1 / 0)
+        monkeypatch.setattr(edp.delivery, "_ready", lambda r: 1 / 0)
     try:
         edp.push(transitions(8))
         edp.flush()

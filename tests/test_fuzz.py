@@ -68,7 +68,7 @@ def snapshot(edp: Conduit):
     buf = edp.buffer
     contents = {k: v.clone() for k, v in buf.contents().items()}
     return (
-        contents, buf.inserted, buf.table.state(), copy.deepcopy(buf.rng.bit_generator.state),
+        contents, buf.inserted, buf.table.state_dict(), copy.deepcopy(buf.rng.bit_generator.state),
         buf.sampler.state_dict(), edp.stats().pushed_units, edp.stats().ingested_rows,
     )
 
@@ -98,7 +98,7 @@ def same(a, b) -> bool:
 def test_malformed_writes_raise_and_change_nothing(kinds, n, field, sampler, overlap):
     edp = Conduit(
         policy="off_policy", train_batch_size=4, capacity=64, seed=0, spec=SPEC, sampler=sampler,
-        schedule=Schedule(Mode(overlap, 1), Mode(False, 1)), timeout_s=5.0,
+        pinned=Schedule(Mode(overlap, 1), Mode(False, 1)), timeout_s=5.0,
     )
     rng = np.random.default_rng(0)
     with edp:

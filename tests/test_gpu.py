@@ -28,7 +28,7 @@ PLACEMENTS = ["cpu", "pinned", "cuda:0"]
 def test_off_policy_batches_arrive_on_the_learner_gpu_intact(storage, overlap):
     with Conduit(
         policy="off_policy", train_batch_size=64, capacity=4096, learner_device="cuda:0", storage_device=storage,
-        seed=0, schedule=Schedule(Mode(overlap, 1), Mode(overlap, 2)),
+        seed=0, pinned=Schedule(Mode(overlap, 1), Mode(overlap, 2)),
     ) as edp:
         for u in range(16):
             edp.push(transitions(128, dim=256, start=128 * u))
@@ -65,7 +65,7 @@ def test_on_policy_gpu_learner_gets_the_same_minibatches_with_or_without_the_sto
         q = Mode(overlap, Fraction(1, 4)) if overlap else Mode(False, 1)
         with Conduit(
             policy="on_policy", train_batch_size=256, num_minibatches=4, num_epochs=2, learner_device="cuda:0",
-            storage_device=storage, seed=3, presort=presort, schedule=Schedule(q, q),
+            storage_device=storage, seed=3, tuning={"presort": presort}, pinned=Schedule(q, q),
         ) as edp:
             for it in range(3):
                 for u in range(4):
@@ -93,7 +93,7 @@ def test_ring_writes_and_gathers_on_separate_streams_never_tear_rows():
     # tiny ring, heavy overwrite: every delivered row must be one whole transition
     with Conduit(
         policy="off_policy", train_batch_size=256, capacity=512, learner_device="cuda:0", storage_device="cuda:0",
-        seed=0, schedule=Schedule(Mode(True, 1), Mode(True, 1)),
+        seed=0, pinned=Schedule(Mode(True, 1), Mode(True, 1)),
     ) as edp:
         for u in range(64):
             edp.push(transitions(256, dim=512, start=256 * u))
@@ -110,7 +110,7 @@ def test_a_unit_still_being_written_on_the_actors_stream_is_ingested_after_its_k
     # stream) must wait for those kernels, and the unit's memory must outlive the actor's reference to it
     with Conduit(
         policy="off_policy", train_batch_size=64, capacity=4096, storage_device=storage, seed=0,
-        schedule=Schedule(Mode(True, 1), Mode(False, 1)), copy_on_push=copy,
+        pinned=Schedule(Mode(True, 1), Mode(False, 1)), copy_on_push=copy,
     ) as edp:
         for u in range(8):
             unit = {k: v.cuda() for k, v in transitions(256, dim=64, start=0).items()}
@@ -147,7 +147,7 @@ def test_host_rows_for_a_gpu_learner_are_gathered_onto_it_through_pinned_staging
     monkeypatch.setattr(TensorStorage, "gather", gather)
     with Conduit(
         policy="off_policy", train_batch_size=64, capacity=4096, learner_device="cuda:0", storage_device=storage,
-        seed=0, batch_pool=batch_pool, schedule=Schedule(Mode(overlap, 1), Mode(overlap, 1)),
+        seed=0, tuning={"batch_pool": batch_pool}, pinned=Schedule(Mode(overlap, 1), Mode(overlap, 1)),
     ) as edp:
         for u in range(8):
             edp.push(transitions(128, dim=256, start=128 * u))

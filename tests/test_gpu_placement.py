@@ -98,7 +98,7 @@ def test_runtime_migrates_gpu_to_pinned_with_every_record_intact() -> None:
                 assert batch["obs"].device == torch.device("cuda:0")
                 check_rows({k: batch[k].cpu() for k in FIELDS}, trace)
             buf = edp.buffer
-            assert isinstance(buf, conduit.buffer.ReplayBuffer)
+            assert isinstance(buf, conduit.buffers.ReplayBuffer)
             with buf.lock:
                 contents = {k: v.cpu() for k, v in buf.contents().items()}
                 ids = buf.ids[: buf.size].copy()

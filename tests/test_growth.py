@@ -122,7 +122,7 @@ def test_growth_trace_migrates_at_capacity_boundaries_with_every_record_intact()
                     puller.start()
             edp.flush()
             buf = edp.buffer
-            assert isinstance(buf, conduit.buffer.ReplayBuffer)
+            assert isinstance(buf, conduit.buffers.ReplayBuffer)
             with buf.lock:
                 contents = buf.contents()
                 ids = buf.ids[: buf.size].copy()

@@ -103,7 +103,7 @@ def test_registering_after_start_is_refused():
 
 
 def test_delivery_hook_that_changes_row_count_is_an_error():
-    edp = Conduit(policy="off_policy", train_batch_size=4, capacity=8, schedule=conduit.Schedule(
+    edp = Conduit(policy="off_policy", train_batch_size=4, capacity=8, pinned=conduit.Schedule(
         conduit.Mode(False, 1), conduit.Mode(False, 1)))
 
     @edp.register_delivery(input="ExperienceBuffer", output="Learner")

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conduit import Conduit
+from conduit.core import Mode, Schedule
 from conduit.memory import BatchMemory
-from conduit.scheduling.space import Mode, Schedule
 from conduit.spec import ExperienceSpec
 
 SPEC = ExperienceSpec.of(obs=((6,), "float32"), action=((), "int64"), done=((), "bool"), r=((2,), "bfloat16"))
@@ -34,7 +34,7 @@ def runtime(**kw: object) -> Conduit:
     for k in range(4):
         edp.push(units(16, 16 * k))
     edp.flush()
-    for memory in edp.delivery._memory:
+    for memory in (edp.delivery.memory(r) for r in range(edp.delivery.num_learners)):
         if memory is not None:
             memory.min_bytes = 0  # recycle even these tiny test fields
     return edp
@@ -51,7 +51,7 @@ def test_memory_of_a_dropped_batch_is_reused_and_allocation_stays_bounded():
         assert again == first
         for _ in range(50):
             edp.pull()
-        memory = edp.delivery._memory[0]
+        memory = edp.delivery.memory(0)
         assert memory.allocated <= 2 * len(SPEC.fields)  # one batch's blocks (two while one is held)
         assert memory.recycled >= 50 * len(SPEC.fields)
 
@@ -81,7 +81,7 @@ def test_nothing_alive_is_ever_overwritten(keep):
         still = id(held)
         del held
         assert still  # the memory goes back to the free list with the last reference
-        assert edp.delivery._memory[0].free >= 1
+        assert edp.delivery.memory(0).free >= 1
 
 
 def test_a_recycled_batch_is_an_ordinary_set_of_tensors():
@@ -110,11 +110,11 @@ def test_a_batch_dropped_on_another_thread_comes_back():
 
 
 def test_recycling_off_and_batch_pool_use_their_own_memory():
-    with runtime(recycle_batches=False) as edp:
-        assert edp.delivery._memory == [None]
+    with runtime(tuning={"recycle_batches": False}) as edp:
+        assert edp.delivery.memory(0) is None
         edp.pull()
-    with runtime(batch_pool=2) as edp:
-        assert edp.delivery._memory == [None]  # the explicit ring decides
+    with runtime(tuning={"batch_pool": 2}) as edp:
+        assert edp.delivery.memory(0) is None  # the explicit ring decides
         a = ptrs(edp.pull())
         edp.pull()
         assert ptrs(edp.pull()) == a  # overwritten two pulls later, by contract
@@ -142,17 +142,17 @@ def test_direct_buffer_samples_reuse_dropped_memory_and_keep_held_ones_intact():
 
 
 def test_direct_buffer_samples_allocate_afresh_with_recycling_off():
-    with runtime(recycle_batches=False) as edp:
+    with runtime(tuning={"recycle_batches": False}) as edp:
         assert edp.buffer.memory is None
         s = edp.buffer.sample(8)
         assert torch.equal(s.data["action"], torch.from_numpy(s.ids))
 
 
 def test_overlapped_granular_delivery_recycles_too():
-    with runtime(schedule=Schedule(Mode(False, 1), Mode(True, 3))) as edp:
+    with runtime(pinned=Schedule(Mode(False, 1), Mode(True, 3))) as edp:
         for _ in range(30):
             edp.pull()
-        memory = edp.delivery._memory[0]
+        memory = edp.delivery.memory(0)
         assert memory.recycled > memory.allocated
 
 
@@ -160,7 +160,7 @@ def test_on_policy_minibatches_recycle_and_keep_held_ones_intact():
     edp = Conduit(
         policy="on_policy", train_batch_size=32, rollout_unit_size=16, num_minibatches=4, num_epochs=2, seed=0
     ).start()
-    edp.delivery._memory[0].min_bytes = 0
+    edp.delivery.memory(0).min_bytes = 0
     with edp:
         held = []
         for it in range(4):
@@ -173,7 +173,7 @@ def test_on_policy_minibatches_recycle_and_keep_held_ones_intact():
                     held.append((b, {n: v.clone() for n, v in b.items()}))
         for b, copy in held:
             assert all(torch.equal(b[n], copy[n]) for n in copy)
-        memory = edp.delivery._memory[0]
+        memory = edp.delivery.memory(0)
         assert memory.recycled > memory.allocated
 
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from conduit.core import INLINE, Mode, Policy, Schedule, feasible_schedules, is_feasible_mode
+from conduit.scheduling.fit import fit_sync, probe_schedules, settle, shortlist
 from conduit.scheduling.model import Costs, coarseness, gamma, optimize, predict, rank
-from conduit.scheduling.profiler import INLINE, fit_sync, probe_schedules, settle, shortlist
-from conduit.scheduling.space import Mode, Policy, Schedule, feasible_schedules, is_feasible_mode
 
 ms = st.floats(min_value=0.0, max_value=50e-3, allow_nan=False)
 
@@ -265,7 +265,7 @@ def test_the_shortlist_holds_each_overlap_familys_best_and_finest() -> None:
 
 def test_a_schedule_that_would_overrule_the_model_meets_its_minimum_again_in_fresh_rounds(monkeypatch) -> None:
     from conduit.scheduling import profiler
-    from conduit.synthetic import SyntheticWorkload
+    from conduit.scheduling.workload import SyntheticWorkload
 
     t = {Fraction(g): 1e-3 for g in (1, 2)}
     ranked = rank(Costs(Policy.OFF_POLICY, 2e-3, 8e-3, t, t), feasible_schedules(Policy.OFF_POLICY, 1, 2, 2))
@@ -291,7 +291,7 @@ def test_a_schedule_that_would_overrule_the_model_meets_its_minimum_again_in_fre
 
 def test_even_the_models_minimum_meets_the_inline_baseline_again_before_it_is_kept(monkeypatch) -> None:
     from conduit.scheduling import profiler
-    from conduit.synthetic import SyntheticWorkload
+    from conduit.scheduling.workload import SyntheticWorkload
 
     t = {Fraction(g): 1e-3 for g in (1, 2)}
     ranked = rank(Costs(Policy.OFF_POLICY, 2e-3, 8e-3, t, t), feasible_schedules(Policy.OFF_POLICY, 1, 2, 2))
@@ -331,7 +331,7 @@ def test_calibration_times_rollout_and_update_alone_beside_its_rounds(monkeypatc
 
     from conduit.scheduling import profiler
     from conduit.scheduling.profiler import ProfileSettings, calibrate
-    from conduit.synthetic import SyntheticWorkload
+    from conduit.scheduling.workload import SyntheticWorkload
 
     calls: list[str] = []
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import tomllib
@@ -55,3 +57,30 @@ def test_public_api_is_curated_and_sorted():
     assert conduit.__all__ == sorted(conduit.__all__)
     for name in conduit.__all__:
         assert hasattr(conduit, name), name
+
+
+def test_the_wheel_ships_the_library_and_not_the_benchmark_harness(tmp_path):
+    """``pip wheel .``: the core, the CLI and the adapters; no harness, synthetic workload or validation sweep.
+
+    Built from a copy of the sources: setuptools builds in ``./build``, where modules renamed since an
+    earlier build would still lie and be shipped.
+    """
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache", "*.so",
+    ))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "-q", "-w", str(tmp_path)],
+        check=True, capture_output=True, timeout=600,
+    )
+    (wheel,) = tmp_path.glob("conduit_edp-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    modules = [n for n in names if n.endswith(".py")]
+    harness = [n for n in modules if any(w in Path(n).stem for w in ("bench", "synthetic", "validate"))]
+    assert harness == [] and not any(n.startswith("benchmarks/") for n in names), harness
+    for needed in (
+        "conduit/__init__.py", "conduit/runtime.py", "conduit/scheduling/workload.py", "conduit/cli/profile.py",
+        "conduit/cli/harness.py", "conduit/integrations/rllib/__init__.py", "conduit/py.typed",
+        "conduit/placement/topologies/a100_8x_nvlink.yaml",
+    ):
+        assert needed in names, needed

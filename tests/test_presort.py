@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conduit import Conduit
-from conduit.iterations import IterationBuffer, laid_out
-from conduit.scheduling.space import Mode, Schedule
+from conduit.buffers.iterations import IterationBuffer, laid_out
+from conduit.core import Mode, Schedule
 from conduit.spec import ExperienceSpec, FieldSpec
 from conduit.storage import FixedStorage, TensorStorage
 from tests.helpers import transitions
@@ -30,9 +30,9 @@ def _run(presort: bool, units: list[int], seals: set[int], *, epochs: int, minib
     got: list[tuple[object, ...]] = []
     cfg = dict(
         policy="on_policy", train_batch_size=batch, num_minibatches=minibatches, num_epochs=epochs,
-        num_learners=learners, seed=7, presort=presort,
+        num_learners=learners, seed=7, tuning={"presort": presort},
     )
-    with Conduit(**cfg, schedule=schedule) as edp:
+    with Conduit(**cfg, pinned=schedule) as edp:
         start = 0
         for i, n in enumerate(units):
             edp.push(transitions(n, start=start))
@@ -110,7 +110,7 @@ def test_changing_an_earlier_epochs_minibatch_in_place_does_not_reach_a_later_ep
     def consume(presort: bool) -> list[list[float]]:
         out = []
         with Conduit(policy="on_policy", train_batch_size=12, num_minibatches=3, num_epochs=3, seed=3,
-                     presort=presort) as edp:
+                     tuning={"presort": presort}) as edp:
             for i in range(3):
                 edp.push(transitions(12, start=12 * i))
                 for b in edp.minibatches():

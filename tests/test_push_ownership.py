@@ -24,7 +24,7 @@ ROWS, DIM, UNITS = 8, 3, 6
 
 def _off(schedule: Schedule, **kw: object) -> Conduit:
     return Conduit(
-        policy=Policy.OFF_POLICY, train_batch_size=4, capacity=64, rollout_unit_size=ROWS, schedule=schedule,
+        policy=Policy.OFF_POLICY, train_batch_size=4, capacity=64, rollout_unit_size=ROWS, pinned=schedule,
         timeout_s=10.0, **kw,
     )
 
@@ -114,7 +114,7 @@ def test_on_policy_pipelined_ingestion_keeps_each_unit_as_pushed(g: Fraction) ->
     per_iter = 2  # units per iteration
     edp = Conduit(
         policy=Policy.ON_POLICY, train_batch_size=per_iter * ROWS, rollout_unit_size=ROWS, num_minibatches=4,
-        schedule=Schedule(Mode(True, g), Mode(True, Fraction(1, 4))), timeout_s=10.0,
+        pinned=Schedule(Mode(True, g), Mode(True, Fraction(1, 4))), timeout_s=10.0,
     )
     actor = {"obs": np.zeros((ROWS, DIM), np.float32), "reward": np.ones(ROWS, np.float32)}
     with edp:

@@ -19,7 +19,7 @@ OFF_MODES = [Mode(o, g) for o in (False, True) for g in (1, 2, 3)]
 def off_runtime(ing: Mode, dlv: Mode, **kw) -> Conduit:
     cfg = dict(policy="off_policy", train_batch_size=8, capacity=256, seed=0, timeout_s=5.0)
     cfg.update(kw)
-    return Conduit(schedule=Schedule(ing, dlv), **cfg)
+    return Conduit(pinned=Schedule(ing, dlv), **cfg)
 
 
 @pytest.mark.parametrize("dlv", [Mode(False, 1), Mode(False, 3), Mode(True, 2)], ids=str)
@@ -128,7 +128,7 @@ def test_prioritized_replay_end_to_end_with_prefetch():
 @pytest.mark.parametrize("dlv", [Mode(False, 1), Mode(True, Fraction(1, 4))], ids=str)
 def test_on_policy_modes_deliver_each_iteration_exactly(ing, dlv):
     cfg = dict(policy="on_policy", train_batch_size=32, num_minibatches=4, num_epochs=2, rollout_unit_size=16, seed=1)
-    with Conduit(schedule=Schedule(ing, dlv), **cfg) as edp:
+    with Conduit(pinned=Schedule(ing, dlv), **cfg) as edp:
         for it in range(3):
             edp.push(transitions(16, start=32 * it))
             edp.push(transitions(16, start=32 * it + 16))
@@ -286,10 +286,13 @@ def test_close_completes_while_a_learner_is_blocked_in_pull():
 def test_conflicting_config_arguments():
     with pytest.raises(conduit.ConfigError):
         Conduit(conduit.ConduitConfig(policy="off_policy", train_batch_size=1, capacity=2), capacity=3)
-    with pytest.raises(conduit.ConfigError, match="not feasible"):
-        Conduit(policy="on_policy", train_batch_size=8, schedule=Schedule(Mode(True, 1), Mode(False, 1)))
+    with pytest.raises(ValueError, match="breaks on_policy semantics"):  # a pinned schedule is the config's
+        Conduit(policy="on_policy", train_batch_size=8, pinned=Schedule(Mode(True, 1), Mode(False, 1)))
+    edp = Conduit(policy="on_policy", train_batch_size=8)
+    with pytest.raises(conduit.ConfigError, match="not feasible"):  # a schedule given to a runtime is checked there
+        edp.reschedule(Schedule(Mode(True, 1), Mode(False, 1)))
     with pytest.raises(TypeError, match=r"expected a conduit\.Schedule"):
-        Conduit(policy="off_policy", train_batch_size=8, capacity=64, schedule={"delivery_overlap": True})
+        edp.reschedule({"delivery_overlap": True})
 
 
 def test_close_drains_pending_units_like_a_writer_flush_and_releases_storage():
@@ -311,7 +314,7 @@ def test_close_without_drain_drops_pending_units():
 
 @pytest.mark.parametrize("dlv", [Mode(False, 1), Mode(False, 2), Mode(True, 1), Mode(True, 3)], ids=str)
 def test_batch_pool_recycles_memory_yet_each_batch_holds_its_rows_until_reused(dlv):
-    with off_runtime(Mode(False, 1), dlv, batch_pool=2) as edp:
+    with off_runtime(Mode(False, 1), dlv, tuning={"batch_pool": 2}) as edp:
         edp.push(transitions(200))
         prev, ptrs = None, set()
         for _ in range(12):
@@ -326,7 +329,7 @@ def test_batch_pool_recycles_memory_yet_each_batch_holds_its_rows_until_reused(d
 
 def test_batch_pool_is_validated():
     with pytest.raises(ValueError, match="batch_pool=1"):
-        conduit.ConduitConfig(policy="off_policy", train_batch_size=2, capacity=8, batch_pool=1)
+        conduit.ConduitConfig(policy="off_policy", train_batch_size=2, capacity=8, tuning={"batch_pool": 1})
 
 
 def test_workers_run_torch_ops_on_an_openmp_team_of_their_own_without_touching_the_learners():

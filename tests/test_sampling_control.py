@@ -19,7 +19,7 @@ INLINE = Schedule(Mode(False, 1), Mode(False, 1))
 
 
 def runtime(**kw) -> Conduit:
-    cfg = dict(policy="off_policy", train_batch_size=4, capacity=16, seed=0, timeout_s=2.0, schedule=INLINE)
+    cfg = dict(policy="off_policy", train_batch_size=4, capacity=16, seed=0, timeout_s=2.0, pinned=INLINE)
     cfg.update(kw)
     return Conduit(**cfg)
 
@@ -61,7 +61,7 @@ def test_inline_pulls_count_their_rows_as_sampled_at_once_with_nothing_reserved(
 
 
 def test_a_prefetched_batch_never_delivered_is_not_counted_as_sampled():
-    edp = runtime(capacity=64, max_times_sampled=1, min_size_to_sample=4, schedule=Schedule(Mode(False, 1), Mode(True, 2)))
+    edp = runtime(capacity=64, max_times_sampled=1, min_size_to_sample=4, pinned=Schedule(Mode(False, 1), Mode(True, 2)))
     with edp:
         edp.push(transitions(64))
         b = edp.pull()

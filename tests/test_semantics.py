@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from conduit import Conduit, Mode, Schedule
 from conduit.config import Policy
-from conduit.scheduling.space import feasible_schedules
+from conduit.core import feasible_schedules
 from tests.helpers import transitions
 
 OFF_SCHEDULES = feasible_schedules(Policy.OFF_POLICY, g_ing_max=3, g_del_max=3)
@@ -35,7 +35,7 @@ def test_off_policy_integrity_and_bounded_staleness(schedule: Schedule, ops, lea
     g_del = int(schedule.delivery.granularity)
     edp = Conduit(
         policy="off_policy", train_batch_size=4, capacity=1000, min_size_to_sample=1, num_learners=learners,
-        seed=0, timeout_s=5.0, schedule=schedule,
+        seed=0, timeout_s=5.0, pinned=schedule,
     )
     pushed = 0
     with edp:
@@ -67,7 +67,7 @@ def test_on_policy_freshness_and_exact_coverage(schedule: Schedule, units, epoch
     train = 12
     edp = Conduit(
         policy="on_policy", train_batch_size=train, num_minibatches=4, num_epochs=epochs, seed=0,
-        timeout_s=5.0, schedule=schedule,
+        timeout_s=5.0, pinned=schedule,
     )
 
     def consume(iteration: int, expected: list[int]) -> None:
@@ -94,7 +94,7 @@ def test_on_policy_freshness_and_exact_coverage(schedule: Schedule, units, epoch
 
 @given(sizes=st.lists(st.integers(1, 20), min_size=2, max_size=10))
 def test_ingestion_order_follows_push_order_with_one_actor(sizes):
-    with Conduit(policy="off_policy", train_batch_size=1, capacity=500, schedule=Schedule(Mode(True, 2), Mode(True, 1))) as edp:
+    with Conduit(policy="off_policy", train_batch_size=1, capacity=500, pinned=Schedule(Mode(True, 2), Mode(True, 1))) as edp:
         start = 0
         for n in sizes:
             edp.push(transitions(n, start=start))

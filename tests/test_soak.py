@@ -22,7 +22,7 @@ def test_a_million_transitions_from_eight_actors_to_two_learners():
     g_ing = 2
     edp = Conduit(
         policy="off_policy", train_batch_size=256, capacity=1 << 17, num_learners=LEARNERS, seed=0, timeout_s=60,
-        schedule=Schedule(Mode(True, g_ing), Mode(True, 2)),
+        pinned=Schedule(Mode(True, g_ing), Mode(True, 2)),
     )
     seen: list[np.ndarray] = []
 

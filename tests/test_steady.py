@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conduit.scheduling.space import Mode, Policy, Schedule
+from conduit.core import Mode, Policy, Schedule
 from conduit.scheduling.steady import period, steady_time
-from conduit.synthetic import CostKind, SyntheticWorkload, run_loop
+from conduit.scheduling.workload import CostKind, SyntheticWorkload, run_loop
 
 
 def _s(g_ing: int | Fraction, g_del: int | Fraction, overlap: bool = False) -> Schedule:
@@ -79,7 +79,7 @@ def test_run_loop_leaves_the_benchmarks_own_stamping_out_of_each_iteration(
     policy: Policy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # making units unique is neither rollout nor experience path: charged to neither T_iter nor exposed latency
-    import conduit.synthetic as synthetic
+    import conduit.scheduling.workload as synthetic
 
     stamp = synthetic._stamped
 

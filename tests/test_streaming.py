@@ -168,7 +168,7 @@ def test_rows_written_by_streaming_copies_are_whole_when_learners_sample_them(
         request.getfixturevalue("one_thread")
     mode = Mode(overlap, 2)
     with Conduit(
-        schedule=Schedule(mode, Mode(overlap, 1)), policy="off_policy", train_batch_size=64, capacity=1024,
+        pinned=Schedule(mode, Mode(overlap, 1)), policy="off_policy", train_batch_size=64, capacity=1024,
         rollout_unit_size=64, seed=0, timeout_s=30.0,
     ) as edp:
         errors: list[BaseException] = []

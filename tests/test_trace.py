@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from conduit.bench.loop import loop_callables, runtime_factory
-from conduit.bench.loop_results import LoopConfig
-from conduit.scheduling.space import Mode, Policy, Schedule
+from benchmarks.loop import loop_callables, runtime_factory
+from benchmarks.loop_results import LoopConfig
+from conduit.core import Mode, Policy, Schedule
+from conduit.scheduling.workload import CostKind, SyntheticWorkload, run_loop
 from conduit.storage import FixedStorage
-from conduit.synthetic import CostKind, SyntheticWorkload, run_loop
 from conduit.trace import Tracer
 
 

@@ -6,13 +6,12 @@ import json
 
 import pytest
 from conduit.cli.main import app
-from conduit.cli.profile import validation_markdown
 from typer.testing import CliRunner
 
+from benchmarks.validate import mape, pearson, validate, validation_markdown
+from conduit.core import Policy, feasible_schedules
 from conduit.scheduling.profiler import ProfileSettings
-from conduit.scheduling.space import Policy, feasible_schedules
-from conduit.scheduling.validate import mape, pearson, validate
-from conduit.synthetic import CostKind, SyntheticWorkload
+from conduit.scheduling.workload import CostKind, SyntheticWorkload
 
 FAST = ProfileSettings(warmup=1, repeats=2, loop_iterations=6, loop_warmup=2, calibration_rounds=1, verify_rounds=1)
 
@@ -38,13 +37,12 @@ def test_a_small_sweep_reports_every_configuration_and_where_the_plan_lands():
     assert -1.0 <= rep.pearson_r <= 1.0 and rep.mape >= 0.0
 
 
-def test_profile_validate_json_carries_the_rows():
-    tiny = ["--dim", "8", "--unit-size", "16", "--batch-size", "16", "--capacity", "512", "--rollout-ms", "0.2",
+def test_bench_validate_json_carries_the_rows():
+    tiny = ["--unit-size", "16", "--batch-size", "16", "--capacity", "512", "--rollout-ms", "0.2",
             "--update-ms", "0.4", "--g-max", "2", "--cost", "sleep"]
-    result = CliRunner().invoke(app, ["profile", "--policy", "off", "--json", "--no-check", "--validate", "--dims", "8",
-                                      *tiny])
+    result = CliRunner().invoke(app, ["bench", "validate", "--json", "--dims", "8", *tiny])
     assert result.exit_code == 0, result.output
-    v = json.loads(result.stdout)["validation"]
+    v = json.loads(result.stdout)
     (d,) = v["dimensions"]
     assert len(d["rows"]) == d["configs"] == 16
     assert {"pearson_r", "mape_pct"} <= set(v) and d["auto_vs_best"] >= 1.0

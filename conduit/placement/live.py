@@ -14,12 +14,13 @@ at least one timed copy) once ``time_budget_s`` is spent, and the notes say so.
 
 Host memory is measured as a replay ring uses it. ``host_memcpy`` writes into
 the next ``nbytes`` of a ring of ``RING_COPIES * nbytes`` each time, so that the
-destination is not still in a large last-level cache from the copy before (64
-MiB copies into one destination ran at 85-112 GB/s on an H200 VM, into the ring
-at 46, and the runtime's pushes into a pinned ring at ~16). ``host_gather`` gathers ``nbytes`` of random
-``GATHER_ROW_BYTES`` rows out of that ring (fresh rows each time; into pinned
-memory where CUDA is, as a GPU learner's batches are staged): the CPU's share
-of a delivery from host memory, which a contiguous copy overstates.
+destination is not still in a large last-level cache from the copy before:
+copies into one destination would write to that cache rather than to memory,
+and overstate the bandwidth a ring push sees. ``host_gather`` gathers
+``nbytes`` of random ``GATHER_ROW_BYTES`` rows out of that ring (fresh rows each
+time; into pinned memory where CUDA is, as a GPU learner's batches are staged):
+the CPU's share of a delivery from host memory, which a contiguous copy
+overstates.
 Free GPU memory comes from ``torch.cuda.mem_get_info`` before any buffer is
 allocated.
 

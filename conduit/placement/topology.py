@@ -319,10 +319,9 @@ class Topology(_Model):
         ``host_gather``: the runtime gathers them on the CPU (into pinned staging when the learner is on a
         GPU) and then copies the batch, one after the other, so the two times add: ``1 / (1 / host_gather +
         1 / copy)``, the copy being the pinned one to a GPU and none to the host. Sampled rows are scattered
-        over the ring, which a contiguous copy of the same bytes does not capture: on an H200 VM a gather of
-        512 rows from a pinned ring onto the GPU ran at a half to a quarter of the pinned->GPU copy rate, and
-        Eq. 1 over the copy rates placed the buffer there although the GPU-resident buffer measured 1.7-4.4x
-        faster per push and pull.
+        over the ring, which a contiguous copy of the same bytes does not capture: a gather from a pinned ring
+        onto the GPU runs well below the pinned->GPU copy rate, so Eq. 1 over the copy rates alone would place
+        the buffer in pinned memory where a GPU-resident one is faster (BENCHMARKS.md, "The cost model").
         """
         s, d = self.device(src), self.device(dst)
         node = self.nodes[s.node]

@@ -43,6 +43,8 @@ class Sampler(ABC):
     """Draws slots among the live ones of a buffer of ``capacity`` slots."""
 
     name: str = "sampler"
+    #: whether the sampler keeps per-slot priorities (``update_priorities`` applies)
+    has_priorities: bool = False
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -70,11 +72,11 @@ class Sampler(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no priorities to update")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state().numpy().copy()}
+        return {"generator": self.generator.get_state().clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "generator" in state:
-            self.generator.set_state(torch.from_numpy(np.asarray(state["generator"], dtype=np.uint8).copy()))
+            self.generator.set_state(torch.as_tensor(np.asarray(state["generator"], dtype=np.uint8)).clone())
 
 
 def _require(table: SlotTable) -> None:

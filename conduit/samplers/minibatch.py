@@ -37,8 +37,9 @@ def split(a: np.ndarray, k: int) -> list[np.ndarray]:
     """``numpy.array_split(a, k)`` as views of ``a`` (the first ``len(a) % k`` parts one row longer).
 
     A plan is drawn on the on-policy critical path (sealing the iteration whose
-    first mini-batch the learner waits for): ``array_split``, called 1 + M times,
-    made ``minibatch_plan(1024, 4)`` 35 us against 14 us with slices.
+    first mini-batch the learner waits for), and ``array_split``, called 1 + M
+    times, does general-purpose work per call (any axis, any sections) that
+    plain slices skip.
     """
     q, r = divmod(len(a), k)
     out, start = [], 0

@@ -26,6 +26,7 @@ __all__ = ["PrioritizedSampler"]
 
 class PrioritizedSampler(Sampler):
     name = "prioritized"
+    has_priorities = True
 
     def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6) -> None:
         super().__init__(capacity)
@@ -67,10 +68,21 @@ class PrioritizedSampler(Sampler):
             self.max_priority = max(self.max_priority, float(pr.max()))
         self.tree.update(slots, pr**self.alpha)
 
+    def leaf_values(self, slots: np.ndarray) -> np.ndarray:
+        """The tree's values at ``slots`` (priorities after ``** alpha``)."""
+        return self.tree.get(np.asarray(slots, dtype=np.int64)).copy()
+
+    def set_leaf_values(self, slots: np.ndarray, values: np.ndarray, max_priority: float) -> None:
+        """Set values :meth:`leaf_values` returned (of the same rows, now at ``slots``) and the max priority."""
+        self.tree.update(np.asarray(slots, dtype=np.int64), np.asarray(values, dtype=np.float64))
+        self.max_priority = float(max_priority)
+
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "leaves": self.tree.state(), "max_priority": self.max_priority}
+        return {
+            **super().state_dict(), "leaves": self.tree.state(), "max_priority": self.max_priority,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.tree.load(state["leaves"])
+        self.tree.load(np.asarray(state["leaves"], dtype=np.float64))
         self.max_priority = float(state["max_priority"])

@@ -9,11 +9,11 @@ Two implementations. The C kernels of ``conduit._native`` (``sumtree_set``,
 a few array calls: ``O(k log n)`` work for ``k`` leaves, with a few dozen numpy
 calls regardless of ``k`` — or, for a few leaves (a push of one transition, a
 small priority update), a handful of calls per leaf along its path. At 10^5
-leaves (17 levels) those calls are the cost: ~2 us each, where the arithmetic
-is nanoseconds. Measured here at depth 17 (10^5 leaves), numpy → C, medians of
-nine blocks: a ring push's 256 consecutive leaves 60 → 7 us, a priority update
-of 512 random leaves 330 → 21, one leaf 6.7 → 1.0, a draw's 512 sorted prefix
-sums 130 → 10 (eight descents in lockstep, so their cache misses overlap).
+leaves (17 levels) those calls are the cost: a numpy call's dispatch outweighs
+the few additions it does by far. The C kernels have no per-call dispatch, so
+pushes, priority updates and draws all run faster in C; a draw's descents go
+eight in lockstep, so their cache misses overlap (BENCHMARKS.md, "Delivery and
+ingestion").
 
 Both compute every inner node as one addition of its two children (and one
 minimum), and descend with the same comparisons and subtractions, so they
@@ -133,8 +133,8 @@ class SumTree:
         So each level is re-summed with slices, two numpy calls a level and no
         index arrays — the same additions, in the same order, as the general
         path; once the range narrows to one node, its ancestors go up as one path
-        (:meth:`_set_up`). Measured at depth 17 (10^5 leaves), 256 consecutive
-        leaves (a ring push of 256 rows): 54-68 us against the general path's 186-228.
+        (:meth:`_set_up`). A ring push writes consecutive leaves, and this path
+        skips the general path's index arrays and de-duplication at every level.
         """
         lo = first + self.size
         hi = lo + values.size  # nodes [lo, hi) at the leaves' level
@@ -150,8 +150,8 @@ class SumTree:
         if lo > 1:  # one node left (a leaf, or the range's common ancestor): the rest is its path to the root
             self._set_up(lo, float(s[lo]), float(m[lo]))
 
-    #: updates of at most this many leaves go path by path (:meth:`_set_path`, ~4.3 us a leaf at depth 17),
-    #: more level by level (130-150 us at depth 17 for up to 64 leaves, 300 for 512): they meet at ~35 leaves
+    #: updates of at most this many leaves go path by path (:meth:`_set_path`, a cost per leaf), more level
+    #: by level (a cost per level that barely grows with the leaves); the threshold sits below where they meet
     FEW = 24
 
     def _set_path(self, leaf: int, value: float) -> None:
@@ -161,9 +161,9 @@ class SumTree:
         running child plus its unchanged sibling: the ancestors' sums are the
         running sum of ``value`` and the siblings' sums (the same additions, in
         the same order, as re-summing level by level), their minima the running
-        minimum. Measured here at depth 17 (10^5 leaves): one leaf 5.4 us, where
-        walking the levels with numpy scalars took 20 us; 8 leaves 36 us, where
-        re-summing level by level with arrays takes 131.
+        minimum. So a leaf costs a handful of array calls, not one numpy scalar
+        operation per level, and a few leaves cost less this way than re-summing
+        level by level with index arrays.
         """
         self._set_up(leaf + self.size, value, value if value > 0 else math.inf)
 

@@ -17,8 +17,8 @@ class UniformSampler(Sampler):
     name = "uniform"
 
     def sample(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
-        """Draws with torch's generator: measured here, gathering right after a numpy draw ran ~30%
-        slower at dim 128 than after a torch draw of the same distribution."""
+        """Draws with torch's generator: the gather takes the index tensor as it is, and a gather right after
+        a numpy draw of the same distribution runs slower (BENCHMARKS.md, "Delivery and ingestion")."""
         count = table.count
         if count == table.high:  # contiguous: the live slots are [0, count)
             if count <= 0:

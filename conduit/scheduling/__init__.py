@@ -1,13 +1,15 @@
-"""Latency-aware scheduling: feasible spaces, cost model, optimizer, profiler, automatic planner.
+"""Latency-aware scheduling: the cost model and its fit (pure), the profiler, the automatic planner.
 
-``conduit.scheduling.auto`` and ``.profiler`` import the runtime; import them
-from their modules (``from conduit.scheduling.auto import AutoPlanner``).
+It sits above the runtime: the runtime never imports it. The pure parts
+(:mod:`.model`, :mod:`.fit`, :mod:`.steady`) are re-exported here; the parts that
+drive runtimes (:mod:`.measure`, :mod:`.profiler`, :mod:`.auto`, :mod:`.workload`)
+are imported from their modules (``from conduit.scheduling.auto import AutoPlanner``).
 """
 
 from __future__ import annotations
 
-from conduit.scheduling.model import Costs, Prediction, optimize, predict, rank
-from conduit.scheduling.space import (
+from conduit.core import (
+    INLINE,
     Mode,
     Policy,
     Schedule,
@@ -16,8 +18,11 @@ from conduit.scheduling.space import (
     ingestion_space,
     is_feasible_mode,
 )
+from conduit.scheduling.fit import fit_sync, probe_schedules, settle, shortlist
+from conduit.scheduling.model import Costs, Prediction, optimize, predict, rank
 
 __all__ = [
+    "INLINE",
     "Costs",
     "Mode",
     "Policy",
@@ -25,9 +30,13 @@ __all__ = [
     "Schedule",
     "delivery_space",
     "feasible_schedules",
+    "fit_sync",
     "ingestion_space",
     "is_feasible_mode",
     "optimize",
     "predict",
+    "probe_schedules",
     "rank",
+    "settle",
+    "shortlist",
 ]

@@ -31,7 +31,7 @@ the last mini-batch of an iteration on-policy), in the caller's thread:
 3. **verify** — Eq. 2 ranks every feasible schedule; the model's ``verify``
    best and each overlap family's best and finest (``profiler.shortlist``;
    those not measured already as probes) run ``probe`` live iterations each,
-   and the plan is the finest of those measured within 3% of the fastest, then
+   and the plan is the finest of those measured within the margin of the fastest, then
    inline, then the model's pick (``profiler.settle``): the model prunes dozens
    of candidates, measurement settles the few within its error.
 4. **run** — the runtime is rescheduled to the plan. The planner re-plans when the buffer migrated (the per-sample
@@ -53,19 +53,11 @@ from typing import Any
 
 import torch
 
-from conduit.buffer import ReplayBuffer
+from conduit.core import Policy, Schedule, feasible_schedules
 from conduit.runtime import Conduit
+from conduit.scheduling.fit import fit_sync, probe_schedules, settle, shortlist
+from conduit.scheduling.measure import MeasureSettings, measure_delivery, measure_ingestion
 from conduit.scheduling.model import Costs, Prediction, rank
-from conduit.scheduling.profiler import (
-    ProfileSettings,
-    fit_sync,
-    measure_delivery,
-    measure_ingestion,
-    probe_schedules,
-    settle,
-    shortlist,
-)
-from conduit.scheduling.space import Policy, Schedule, feasible_schedules
 from conduit.scheduling.steady import period, steady_time
 from conduit.storage.policy import FixedStorage
 
@@ -112,7 +104,7 @@ class AutoPlanner:
         window: int = 32,
         drift: float = 0.25,
         verify: int = 3,
-        settings: ProfileSettings = ProfileSettings(warmup=1, repeats=5),
+        settings: MeasureSettings = MeasureSettings(warmup=1, repeats=5),
     ) -> None:
         self.rt = runtime
         self.observe_n = observe
@@ -297,7 +289,7 @@ class AutoPlanner:
 
     def _buffer_migrations(self) -> int:
         buf = self.rt.buffer
-        return buf.migrations if isinstance(buf, ReplayBuffer) else 0
+        return buf.migrations if buf is not None else 0
 
     def _storage_device(self) -> torch.device | str:
         buf = self.rt.buffer

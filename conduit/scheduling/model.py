@@ -23,17 +23,13 @@ one iteration and its whole update (``M`` mini-batches × epochs).
 ``S(g)`` is whatever overlap costs beyond the hidden work: a part paid **per
 invocation** (``T_sync``: the hand-off between the worker and the caller —
 wake-ups, the GIL, events — and, on a CPU, the worker's bursts of contention
-with the compute it overlaps), so a coarser granularity pays it less often —
-measured on the 2-core CI machine at dimension 1,000, overlapped delivery cost
-2.4 ms per iteration at ``g = 1`` and under 1 ms at ``g = 3`` — and a part paid
-per iteration whatever the granularity (``T_sync0``). The
+with the compute it overlaps), so a coarser granularity pays it less often, and
+a part paid per iteration whatever the granularity (``T_sync0``). The
 profiler calibrates it from measured overlapped runs, so the optimizer chooses
 no overlap where overlap does not pay. Where the profiler probed a path
 overlapped at a granularity, that measurement is used as it is (``s_ing`` /
-``s_del``): on two busy cores the cost is far from linear in ``g`` (measured at
-dimension 10,000: overlapped delivery at ``g = 2`` cost more per iteration than
-at ``g = 1`` and at ``g = 3``), and the line serves only the granularities left
-unprobed. ``S_both`` is measured once, with both paths overlapped at their
+``s_del``): on busy cores the cost is far from linear in ``g``, and the line
+serves only the granularities left unprobed. ``S_both`` is measured once, with both paths overlapped at their
 finest granularity, as what that run took beyond the single-path model.
 """
 
@@ -43,7 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from conduit.scheduling.space import Mode, Policy, Schedule
+from conduit.core import Mode, Policy, Schedule
 
 __all__ = ["Costs", "Prediction", "coarseness", "gamma", "optimize", "predict", "rank"]
 

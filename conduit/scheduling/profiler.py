@@ -37,40 +37,26 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
-from typing import Any
 
 import torch
 
-from conduit.config import ConduitConfig
-from conduit.hooks import HookRegistry
-from conduit.runtime import Conduit
-from conduit.scheduling.model import Costs, Prediction, coarseness, predict, rank
-from conduit.scheduling.space import Mode, Policy, Schedule, delivery_space, feasible_schedules, ingestion_space
-from conduit.storage.policy import StoragePolicy
-from conduit.synthetic import SyntheticWorkload, bracketed_exposed, run_loop, standalone_costs
+from conduit.core import INLINE, Schedule, feasible_schedules
+from conduit.scheduling.fit import fit_sync, probe_schedules, settle, shortlist
+from conduit.scheduling.measure import MeasureSettings, measure_delivery, measure_ingestion
+from conduit.scheduling.model import Costs, Prediction, rank
+from conduit.scheduling.workload import SyntheticWorkload, bracketed_exposed, run_loop, standalone_costs
 
 __all__ = [
-    "INLINE",
     "ProfileResult",
     "ProfileSettings",
     "calibrate",
-    "fit_sync",
     "interleaved_medians",
-    "measure_delivery",
-    "measure_ingestion",
-    "probe_schedules",
     "profile_workload",
     "rematch",
-    "settle",
-    "shortlist",
     "verify",
 ]
 
 Progress = Callable[[str], None]
-
-#: the inline schedule at g = 1 on both paths: an RLlib-style buffer, what a user runs without a plan
-INLINE = Schedule(Mode(False, Fraction(1)), Mode(False, Fraction(1)))
 
 
 @dataclass(frozen=True)
@@ -89,16 +75,17 @@ class ProfileSettings:
     bracket_repeats: int = 7
     scratch_bytes: int = 256 << 20  # scratch replay buffers hold at most this much
 
+    @property
+    def measure(self) -> MeasureSettings:
+        """What the invocation measurements take of these settings."""
+        return MeasureSettings(self.warmup, self.repeats, self.scratch_bytes)
+
     @classmethod
     def thorough(cls) -> ProfileSettings:
-        """For runs that may take minutes (``conduit profile --validate``, ``conduit bench synthetic``).
+        """For runs that may take minutes (the benchmarks' validation sweep and synthetic loop).
 
-        More rounds where single short runs decide: the shortlist's candidates
-        are often within 5-10% of each other, about one run's noise on a
-        shared machine (measured: verification in three rounds kept a schedule
-        7% slower than one next to it in the ranking; in five, at dim 1,000,
-        one profile of three planned delivery at g = 4 over g = 1, and the
-        benchmark's 15 repeats then measured 0.56 ms exposed against 0.25).
+        More rounds where single short runs decide: the shortlist's candidates are
+        often as close to each other as one run's noise on a shared machine.
         """
         return cls(calibration_rounds=3, verify_rounds=7)
 
@@ -124,214 +111,6 @@ class ProfileResult:
     def choice(self) -> Prediction:
         """The plan: :func:`settle` over the verified shortlist, else the model's minimum."""
         return settle(self.ranked, self.verified, self.margin)
-
-
-def _scratch_config(
-    cfg: ConduitConfig, bytes_per_sample: int, settings: ProfileSettings, need_rows: int
-) -> ConduitConfig:
-    if cfg.policy is Policy.ON_POLICY:
-        return cfg.model_copy(update={"timeout_s": 60.0})
-    assert cfg.capacity is not None
-    rows = max(need_rows, min(cfg.capacity, settings.scratch_bytes // max(1, bytes_per_sample)))
-    rows = max(rows, cfg.train_batch_size * cfg.g_max)
-    return cfg.model_copy(update={"capacity": rows, "min_size_to_sample": None, "timeout_s": 60.0})
-
-
-def _timings(graph: Any, skip: int) -> float:
-    times = [t for t, _ in list(graph.timings)[skip:]]
-    if not times:
-        raise RuntimeError(f"the {graph.name} graph recorded no invocations to time")
-    return statistics.median(times)
-
-
-def measure_ingestion(
-    cfg: ConduitConfig,
-    pool: Sequence[dict[str, torch.Tensor]],
-    granularities: Sequence[Fraction],
-    *,
-    registry: HookRegistry | None = None,
-    storage: StoragePolicy | None = None,
-    settings: ProfileSettings = ProfileSettings(),
-) -> dict[Fraction, float]:
-    """Median wall time of one ingestion invocation at each granularity."""
-    out: dict[Fraction, float] = {}
-    unit_rows = int(next(iter(pool[0].values())).shape[0])
-    bps = sum(int(v[0].numel() * v.element_size()) for v in pool[0].values())
-    for g in granularities:
-        invocations = settings.warmup + settings.repeats
-        units = invocations * int(g) if g >= 1 else -(-invocations * g.numerator // g.denominator)
-        scfg = _scratch_config(cfg, bps, settings, units * unit_rows)
-        ing = Mode(g < 1, g)
-        dlv = Mode(False, Fraction(1))
-        with Conduit(scfg, schedule=Schedule(ing, dlv), registry=_copy(registry), storage=storage) as edp:
-            for k in range(units):
-                edp.push(pool[k % len(pool)])
-                if cfg.policy is Policy.ON_POLICY and edp.ready():
-                    for _ in edp.minibatches():
-                        pass
-            edp.flush()
-            assert edp.ingestion is not None
-            out[g] = _timings(edp.ingestion.graph, settings.warmup)
-    return out
-
-
-def measure_delivery(
-    cfg: ConduitConfig,
-    pool: Sequence[dict[str, torch.Tensor]],
-    granularities: Sequence[Fraction],
-    *,
-    registry: HookRegistry | None = None,
-    storage: StoragePolicy | None = None,
-    settings: ProfileSettings = ProfileSettings(),
-) -> dict[Fraction, float]:
-    """Median wall time of one delivery invocation at each granularity."""
-    out: dict[Fraction, float] = {}
-    bps = sum(int(v[0].numel() * v.element_size()) for v in pool[0].values())
-    for g in granularities:
-        scfg = _scratch_config(cfg, bps, settings, 0)
-        dlv = Mode(g < 1, g)
-        schedule = Schedule(Mode(False, Fraction(1)), dlv)
-        with Conduit(scfg, schedule=schedule, registry=_copy(registry), storage=storage) as edp:
-            invocations = settings.warmup + settings.repeats
-            if cfg.policy is Policy.OFF_POLICY:
-                assert scfg.capacity is not None
-                k = 0
-                while edp.stats().ingested_rows < scfg.capacity:
-                    edp.push(pool[k % len(pool)])
-                    k += 1
-                for _ in range(invocations * int(g)):
-                    edp.pull()
-            else:
-                k = 0
-                assert edp.delivery is not None
-                while edp.delivery.graph.invocations < invocations:
-                    while not edp.ready():
-                        edp.push(pool[k % len(pool)])
-                        k += 1
-                    for _ in edp.minibatches():
-                        pass
-            assert edp.delivery is not None
-            out[g] = _timings(edp.delivery.graph, settings.warmup)
-    return out
-
-
-def _copy(registry: HookRegistry | None) -> HookRegistry | None:
-    """A fresh registry with the same hooks (a started runtime freezes its registry)."""
-    if registry is None:
-        return None
-    fresh = HookRegistry()
-    fresh._hooks = dict(registry._hooks)
-    return fresh
-
-
-def probe_schedules(
-    policy: Policy, num_minibatches: int, g_max: int = 1, every: bool = False
-) -> dict[str, Schedule]:
-    """The short runs that calibrate ``t_other`` and the sync terms.
-
-    All inline (``base``), then each path overlapped at its finest granularity
-    (``ingestion``, ``delivery``) and, where the space has a coarser overlapped
-    one, at the coarsest (``ingestion_coarse``, ``delivery_coarse``): two points
-    per path fit the per-invocation and the per-iteration part of ``S(g)``.
-    ``every``: also each path overlapped at every other feasible granularity
-    (``ingestion@g``, ``delivery@g``), measured rather than read off the line.
-    ``both``: both paths overlapped at their finest granularity, which measures
-    what overlapping both costs beyond overlapping each (``Costs.s_both``).
-    """
-    one = Fraction(1)
-    base = Schedule(Mode(False, one), Mode(False, one))
-    probes = {"base": base}
-    if policy is Policy.OFF_POLICY:
-        probes["ingestion"] = Schedule(Mode(True, one), Mode(False, one))
-        probes["delivery"] = Schedule(Mode(False, one), Mode(True, one))
-        if g_max > 1:
-            coarse = Fraction(g_max)
-            probes["ingestion_coarse"] = Schedule(Mode(True, coarse), Mode(False, one))
-            probes["delivery_coarse"] = Schedule(Mode(False, one), Mode(True, coarse))
-    elif num_minibatches > 1:
-        frac = Fraction(1, num_minibatches)
-        probes["ingestion"] = Schedule(Mode(True, frac), Mode(False, one))
-        probes["delivery"] = Schedule(Mode(False, one), Mode(True, frac))
-        if num_minibatches > 2:
-            probes["ingestion_coarse"] = Schedule(Mode(True, 1 - frac), Mode(False, one))
-    feasible = set(feasible_schedules(policy, num_minibatches, g_max, g_max))
-    if "ingestion" in probes and "delivery" in probes:
-        both = Schedule(probes["ingestion"].ingestion, probes["delivery"].delivery)
-        if both in feasible:
-            probes["both"] = both
-    if every:
-        taken = set(probes.values())
-        cfg_ing = ingestion_space(policy, num_minibatches, g_max)
-        cfg_del = delivery_space(policy, num_minibatches, g_max)
-        for g in cfg_ing:
-            s = Schedule(Mode(True, g), Mode(False, one))
-            if s in feasible and s not in taken:
-                probes[f"ingestion@{g}"] = s
-        for g in cfg_del:
-            s = Schedule(Mode(False, one), Mode(True, g))
-            if s in feasible and s not in taken:
-                probes[f"delivery@{g}"] = s
-    return probes
-
-
-def fit_sync(costs: Costs, measured: dict[str, float], probes: dict[str, Schedule]) -> Costs:
-    """``t_other`` from the all-inline run, ``S(g)`` per path from its overlapped probes, ``S_both`` (pure).
-
-    With one probe on a path its excess over the model is all per invocation;
-    with two (fine and coarse), ``S(g) = T_sync0 + n(g)·T_sync`` goes through
-    both points where both parts come out non-negative (see :func:`_fit_line`).
-    Every probed granularity's excess (``path``, ``path_coarse`` and, with
-    ``probe_schedules(every=True)``, ``path@g``) is also kept as measured
-    (``Costs.s_ing`` / ``s_del``, floored at 0): the line serves only the
-    granularities left unprobed.
-    """
-    bare = replace(
-        costs, t_other=0.0, t_sync_ing=0.0, t_sync_del=0.0, t_sync0_ing=0.0, t_sync0_del=0.0, s_ing={}, s_del={},
-        s_both=0.0,
-    )
-    base = replace(bare, t_other=measured["base"] - predict(bare, probes["base"]).t_iter)
-    # what each overlapped probe measured beyond the model without overlap costs
-    excess = {name: measured[name] - predict(base, s).t_iter for name, s in probes.items() if name in measured}
-    fitted: dict[str, Any] = {}
-    for path, field_ in (("ingestion", "ing"), ("delivery", "del")):
-
-        def g_of(name: str, path: str = path) -> Fraction:
-            return probes[name].ingestion.granularity if path == "ingestion" else probes[name].delivery.granularity
-
-        invocations = base.ingestion_invocations if path == "ingestion" else base.delivery_invocations
-        points = [(invocations(g_of(name)), excess[name]) for name in (path, f"{path}_coarse") if name in excess]
-        if len(points) == 1 or (len(points) == 2 and points[0][0] == points[1][0]):
-            fitted[f"t_sync_{field_}"] = points[0][1] / points[0][0]
-        elif len(points) == 2:
-            fitted[f"t_sync_{field_}"], fitted[f"t_sync0_{field_}"] = _fit_line(points)
-        fitted[f"s_{field_}"] = {
-            g_of(name): max(0.0, e)
-            for name, e in excess.items()
-            if name in (path, f"{path}_coarse") or name.startswith(f"{path}@")
-        }
-    single = replace(base, **fitted)
-    if "both" in measured and "both" in probes:
-        fitted["s_both"] = measured["both"] - predict(single, probes["both"]).t_iter
-    return replace(single, **fitted)
-
-
-def _fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """``(per_invocation, per_iteration)`` of ``S(n) = a + b·n`` through two probes, both kept ≥ 0.
-
-    A negative part has no physical meaning — it is the noise of one probe
-    extrapolated — so the fit falls back to the other part alone: through the
-    origin by least squares, or a constant (the mean excess) when even that
-    slope is negative.
-    """
-    (n1, e1), (n2, e2) = points
-    b = (e1 - e2) / (n1 - n2)
-    a = e1 - b * n1
-    if a >= 0 and b >= 0:
-        return b, a
-    slope = (n1 * e1 + n2 * e2) / (n1 * n1 + n2 * n2)
-    if a < 0 and slope >= 0:
-        return slope, 0.0
-    return 0.0, (e1 + e2) / 2
 
 
 def calibrate(
@@ -380,10 +159,10 @@ def profile_workload(
     t_rollout, t_update = standalone_costs(workload)
     if progress:
         progress("ingestion granularities")
-    t_ing = measure_ingestion(cfg, pool, cfg.ingestion_space, settings=settings)
+    t_ing = measure_ingestion(cfg, pool, cfg.ingestion_space, settings=settings.measure)
     if progress:
         progress("delivery granularities")
-    t_del = measure_delivery(cfg, pool, cfg.delivery_space, settings=settings)
+    t_del = measure_delivery(cfg, pool, cfg.delivery_space, settings=settings.measure)
     costs = Costs(
         policy=workload.policy, t_rollout=t_rollout, t_update=t_update, t_ing=t_ing, t_del=t_del,
         units_per_iteration=workload.units_per_iteration, num_minibatches=workload.num_minibatches,
@@ -405,36 +184,6 @@ def profile_workload(
     return ProfileResult(costs, calib, time.perf_counter() - t0, ranked, verified, settings.verify_margin)
 
 
-def settle(ranked: Sequence[Prediction], verified: Mapping[Schedule, float], margin: float = 0.03) -> Prediction:
-    """The plan from the model's ranking and the shortlist's measurements (pure; ``ranked`` best first).
-
-    Schedules measured within ``margin`` of the fastest measured are ties — a
-    difference that small is inside the noise of a few short runs on a shared
-    machine. Of those the plan is the finest (:func:`~conduit.scheduling.model.coarseness`:
-    least grouping, so least staleness), then an all-inline schedule (a
-    schedule that buys nothing measurable still costs a worker: the inline
-    schedule, when measured, stays unless a plan beats it by more than
-    ``margin``), then the model's order, which knows what overlapping each path
-    costs. (The rule before kept the model's own minimum on any tie; the model,
-    blind to overlap costs that vary with ``g`` below its probes' noise, then
-    kept coarse schedules measured 4-11% slower than overlap at ``g = 1`` in the
-    synthetic benchmark. A rule that preferred fewer workers before the model's
-    order exposed the ingestion the overlapped schedule would have hidden.)
-    """
-    if not verified:
-        return ranked[0]
-    fastest = min(verified.values())
-    # measured times are levels plus what each run took beyond the costs alone around it, which noise can
-    # take to zero or below with tiny costs; the margin is of the fastest's size, so such a time ties itself
-    limit = fastest + abs(fastest) * margin
-    tied = [p for p in ranked if p.schedule in verified and verified[p.schedule] <= limit]
-
-    def order(p: Prediction) -> tuple[Fraction, bool]:
-        return coarseness(p.schedule), p.schedule.ingestion.overlap or p.schedule.delivery.overlap
-
-    return min(tied, key=order)  # min keeps the first of equals: the model's order
-
-
 def rematch(
     workload: SyntheticWorkload,
     ranked: Sequence[Prediction],
@@ -449,16 +198,11 @@ def rematch(
     """``verified`` with fresh times for the plan :func:`settle` picks, and for what it beat, until they agree.
 
     The fastest of several schedules measured in a few short runs is, among
-    near-equals, the luckiest (the winner's curse): ``conduit profile``, two
-    rounds, chose a schedule its model put 0.85 ms behind inline and its own
-    check then measured 12% slower than inline (+102% exposed latency) in one
-    of two runs here, as it had before (+196% in one of two runs). The model's
-    own minimum is no exception: on-policy, a plan that was the model's minimum
-    and had beaten inline by more than the margin in two rounds measured 8%
-    slower than inline in the closing check (+85% exposed latency). So a plan
-    other than the ``baseline`` (without one: other than the model's minimum)
-    meets both again in ``verify_rounds`` fresh interleaved rounds, whose times
-    replace the first ones; repeated while another schedule would take its place.
+    near-equals, the luckiest (the winner's curse), and the model's own minimum
+    is no exception. So a plan other than the ``baseline`` (without one: other
+    than the model's minimum) meets both again in ``verify_rounds`` fresh
+    interleaved rounds, whose times replace the first ones; repeated while
+    another schedule would take its place.
     """
     out = dict(verified)
     if not out or not ranked:
@@ -479,33 +223,6 @@ def rematch(
                 pool=pool, progress=progress, label="rematch ", bracket_repeats=settings.bracket_repeats, level=level,
             )
         )
-
-
-def shortlist(ranked: Sequence[Prediction], top: int, families: bool = True) -> list[Schedule]:
-    """The schedules to measure on the loop (pure; ``ranked`` best first).
-
-    The model's ``top`` best, then — with ``families`` — for each overlap
-    family (ingestion × delivery, inline or overlapped) the model's best of it
-    and its best of the finest (:func:`~conduit.scheduling.model.coarseness`;
-    ``g = 1`` off-policy), those not yet among them. The top of a
-    ranking tends to be one family at neighbouring granularities, and where
-    the model errs it errs about a whole family (the cost of overlapping a path
-    on this machine) or about how that cost moves with ``g`` (probes whose
-    differences are within their noise): one verified representative per
-    family, and its finest member, protect the plan from both.
-    """
-    if top <= 0:
-        return []
-    out = [p.schedule for p in ranked[:top]]
-    if families:
-        members: dict[tuple[bool, bool], list[Schedule]] = {}
-        for p in ranked:
-            members.setdefault((p.schedule.ingestion.overlap, p.schedule.delivery.overlap), []).append(p.schedule)
-        for family in members.values():
-            for s in (family[0], min(family, key=coarseness)):  # min keeps the model's order among equals
-                if s not in out:
-                    out.append(s)
-    return out
 
 
 def verify(
@@ -542,7 +259,8 @@ def interleaved_medians(
     level: float | None = None,
 ) -> dict[Schedule, float]:
     """``T_iter`` of each schedule: the median over ``rounds`` interleaved runs of the loop of each run's
-    steady time per iteration (:attr:`~conduit.synthetic.LoopResult.steady`: whole periods, not the median iteration).
+    steady time per iteration (:attr:`~conduit.scheduling.workload.LoopResult.steady`: whole periods, not the
+    median iteration).
 
     The order alternates from round to round, so slow drift of the machine (a
     neighbour's job starting) does not favour whichever runs first, and one
@@ -552,11 +270,9 @@ def interleaved_medians(
     With ``bracket_repeats``, rollout and update are also timed alone right
     before the first run and after each, and a run counts as ``level`` (default:
     the median of those alone times) plus what it took beyond the mean of the
-    two around it (:func:`~conduit.synthetic.bracketed_exposed`). This host's
-    speed moves within seconds by more than the differences ranked here: in one
-    profile at dim 1,000 the loop's rollout and update alone took 15 ms for a
-    10 ms workload, raw times ranked inline first, and the overlapped schedule
-    then exposed 87% less than inline in the same slow state.
+    two around it (:func:`~conduit.scheduling.workload.bracketed_exposed`). A shared
+    host's speed moves within seconds by more than the differences ranked here,
+    so raw times would rank the host's state, not the schedules.
     """
     bracket = bracket_repeats > 0
     runs: list[tuple[Schedule, float]] = []
@@ -574,3 +290,4 @@ def interleaved_medians(
         return {s: statistics.median(t for x, t in runs if x == s) for s in schedules}
     base = statistics.median(alone) if level is None else level
     return {s: base + statistics.median(v) for s, v in bracketed_exposed(runs, alone).items()}
+

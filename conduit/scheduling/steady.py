@@ -2,12 +2,9 @@
 
 A schedule with ``g > 1`` does its work in bursts: inline ingestion at
 ``g = 3`` ingests on every third iteration, so a loop's per-iteration times
-repeat with a period (measured at dim 5,000 here: 14.5, 19.6, 14.3, 14.1, 19.0,
-... ms). The cost model predicts the *mean* (``n(g) = 1/g`` invocations per
-iteration), and what a user pays is the mean too. The median of such a series
-drops the long iterations altogether — it measured that schedule at 14.7 ms
-against a mean of 16.2, and inline delivery at ``g = 3`` *faster* than at
-``g = 1`` (15.3 vs 16.7 ms) when it is slower (18.3 ms) — which biased every
+repeat with a period. The cost model predicts the *mean* (``n(g) = 1/g``
+invocations per iteration), and what a user pays is the mean too. The median of
+such a series drops the long iterations altogether, which would bias every
 comparison toward coarse granularities.
 
 So: the mean over whole periods, made robust to the machine's hiccups by
@@ -21,7 +18,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from conduit.scheduling.space import Policy, Schedule
+from conduit.core import Policy, Schedule
 
 __all__ = ["period", "steady_time"]
 

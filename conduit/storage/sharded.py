@@ -342,8 +342,8 @@ def _padded_to_host(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool) ->
     """Narrower GPU rows ``src`` into whole host rows ``dst``: zero-padded on the GPU, then one DMA per chunk.
 
     torch copies a GPU tensor into a strided host view (the rows' first columns) through a pageable host
-    temporary and a CPU scatter: a GPU -> pinned migration of 764 MiB that grew from dim 2,000 to 4,000 took
-    844 ms that way on an H200 VM, against 15 ms modeled for its DMA. Chunks bound the GPU memory this takes
+    temporary and a CPU scatter, far slower than the one DMA the cost model assumes for the migration
+    (BENCHMARKS.md, "GPU"); padding on the GPU first keeps it to DMAs. Chunks bound the GPU memory this takes
     (the GPU is usually short of it when rows leave it); the caching allocator hands a chunk's block to the
     next one only after the copy queued on the same stream is done with it.
     """

@@ -6,21 +6,20 @@ ordinary store reads each destination line into the cache before writing it (a
 read for ownership): three memory transfers per line copied. A non-temporal
 store writes the line straight to memory: two. glibc's ``memcpy`` (which numpy's
 slice copy calls) switches to such stores only above three quarters of the
-last-level cache, and a VM that reports its host's L3 (300 MB on this
-project's machine) never gets there; torch's ``copy_`` never uses them.
+last-level cache, and a VM that reports its host's whole L3 never gets there;
+torch's ``copy_`` never uses them.
 
-Measured on this project's 2-core VM, one copy into a ring of 600 MB of touched
-memory, source in cache (``memcpy`` → streaming): 32 KB 9.3 → 6.6 GB/s (slower:
-the fence and the lost write-combining of a few lines), 128 KB 11.0 → 13.4, 256 KB
-10.7 → 16.0, 1 MB 9.7 → 15.7, 10 MB 9.7 → 17.0 GB/s. So a field's copy streams
-from ``MIN_BYTES`` up; below that it stays numpy's.
+Streaming pays only for copies large enough: on a small copy the closing fence
+and write-combining buffers that fill only a few lines cost more than the saved
+reads. So a field's copy streams from ``MIN_BYTES`` up; below that it stays
+numpy's (BENCHMARKS.md, "Delivery and ingestion").
 
 Only replay storage streams (:meth:`Storage.set_streaming`, which the replay
 buffer calls): an on-policy iteration is read back by its own mini-batches
 right after it is written, where the cache is worth having. A gather does not
-stream either: measured, 512 random rows copied with streaming stores were
-1.2-1.4x slower than ``index_select`` and 1.4-2.3x slower once the learner
-reads the batch.
+stream either: its rows are small scattered copies, each too short for streaming
+stores to pay, and the learner reads the batch right away, from the cache an
+ordinary store has left it in.
 
 The copy is in the optional C extension ``conduit._native`` (x86-64; SSE2's
 ``_mm_stream_si128``); without it, or on other CPUs, :data:`AVAILABLE` is False
@@ -39,7 +38,7 @@ __all__ = ["AVAILABLE", "MIN_BYTES", "copy", "min_rows"]
 #: whether this install copies with non-temporal stores (the extension is built, for a CPU that has them)
 AVAILABLE: bool = _native is not None and bool(_native.NONTEMPORAL)
 
-#: the smallest copy that streams (see the module docstring for the measurements)
+#: the smallest copy that streams (see the module docstring for why)
 MIN_BYTES = 128 << 10
 
 

@@ -2,7 +2,7 @@
 
 Writes are contiguous slice copies (two at the ring's wrap), through numpy where
 ATen would copy on the calling thread anyway (a one-transition push is mostly
-dispatch, and numpy dispatches a small copy ~8x faster); reads gather with
+dispatch, and numpy's dispatch of a small copy is far cheaper); reads gather with
 ``torch.index_select``, into the memory the caller offers (recycled batch
 memory, :mod:`conduit.memory`) or into fresh tensors. Large host fields are
 advised for transparent huge pages (:mod:`conduit.storage.hugepages`) before
@@ -80,8 +80,8 @@ ROW_BY_ROW_BYTES = 16 << 10
 
 def _scatter(dst: np.ndarray, slots: np.ndarray, src: np.ndarray, rows: np.ndarray | None) -> None:
     """``dst[slots] = src`` (or ``src[rows]``): picked rows of at least :data:`ROW_BY_ROW_BYTES` are copied
-    one by one, which skips the temporary numpy's fancy indexing makes (64 rows at dim 10,000, evicted caches:
-    0.60 ms against 0.87 through the temporary, and 1.12 through a torch ``index_select`` first)."""
+    one by one, which skips the temporary numpy's fancy indexing makes (or a torch ``index_select`` first):
+    with the caches evicted, each large row is then copied once, not twice."""
     if rows is None:
         dst[slots] = src
     elif src.ndim > 1 and src[0].nbytes >= ROW_BY_ROW_BYTES:
@@ -213,7 +213,7 @@ class TensorStorage(Storage):
             src = data[name]
             below = views.get(name)
             if below is not None and src.shape[1:] == dst.shape[1:]:
-                try:  # numpy's row scatter: ~2x faster than index_copy_ (dim 1,000: 68 vs 149 us for 256 rows)
+                try:  # numpy's row scatter: cheaper than index_copy_ (BENCHMARKS.md, "Delivery and ingestion")
                     _scatter(below[0], slots, src.numpy(), picked)
                     continue
                 except (RuntimeError, TypeError):  # on a GPU, requires grad, a conj/neg bit: torch copies it
@@ -234,7 +234,7 @@ class TensorStorage(Storage):
     ) -> dict[str, torch.Tensor]:
         if device is None and out is None and self._host and not indices.is_cuda and not serial_kernels():
             # the hot path (a pull's fresh host batch): every attribute read here costs several times its
-            # warm time right after a gather has streamed through the caches (the device check below: ~9 us)
+            # warm time right after a gather has streamed through the caches, so the device checks below are skipped
             return {name: torch.index_select(t, 0, indices) for name, t in self.tensors.items()}
         if out is not None and (device is None or device == self.device):
             return self._gather_into(indices, out)
@@ -269,9 +269,9 @@ class TensorStorage(Storage):
         Offered memory can be stale (:func:`fits`). Here that is checked against
         the shapes of a batch of this size, made once per size: a pull pays for
         every attribute read right after the previous gather, and :func:`fits`
-        slices trailing shapes and makes device objects (~1.3 us a field warm,
-        against ~0.35 for this check). The check stays inline: the same check as
-        a function measured ~0.68 us a field, half of what it saves.
+        slices trailing shapes and makes device objects, where this check compares
+        sizes made once. The check stays inline: a function call per field would
+        give back much of what it saves.
         """
         host = self._host
         idx = indices if (host and indices.is_cpu) or indices.device == self.device else indices.to(self.device)
@@ -356,8 +356,8 @@ _use_count: Callable[[torch.Tensor], int] | None = (
 def _numpy_views(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[np.ndarray, int, int]]:
     """Per host field: a numpy view of it, and the rows below which a write goes through that view.
 
-    A slice copy through torch costs ~1.7 us a call before it moves a byte (indexing, dispatch);
-    through numpy, 0.2-0.8 us. That is most of a one-transition push (five fields), so writes
+    A slice copy through torch costs far more per call than one through numpy before it moves a
+    byte (indexing, dispatch). That is most of a one-transition push (five fields), so writes
     that ATen would run on the calling thread alone — under its parallel grain, or with one
     intra-op thread — take numpy's ``memcpy``; larger ones stay with torch, which spreads them
     over its threads. Dtypes numpy lacks (bfloat16) stay with torch too.

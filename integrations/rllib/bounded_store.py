@@ -14,10 +14,11 @@ The runtime starts at the first ``sample()`` (it learns the batch size there):
 rows added during RLlib's warm-up wait as numpy arrays and enter the buffer in
 one write, so the first batch is never drawn from a nearly empty buffer.
 
-The core API used: ``Conduit`` (config, ``register_delivery``, ``start``,
-``push``, ``pull``, ``flush``, ``close``) and its ``ReplayBuffer`` (``lock``,
-``ids``, ``size``, ``storage.gather``, ``write``, ``sample``,
-``update_priorities``, ``rng``, ``sampler.tree`` / ``max_priority`` / ``beta``).
+The core API used, public methods only: ``Conduit`` (config, ``register_delivery``,
+``start``, ``push``, ``pull``, ``flush``, ``close``) and its ``ReplayBuffer``
+(``lock``, ``ids``, ``size``, ``write``, ``sample``, ``oldest_first``,
+``update_priorities``, ``use_rng``, ``set_beta``, ``priorities_at``,
+``restore_priorities``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 
 import conduit
 from conduit.batch import BatchInfo
-from conduit.buffer import ReplayBuffer
+from conduit.buffers.replay import ReplayBuffer
 from conduit.errors import SemanticsError
 from conduit.hooks import Reader, Writer
 
@@ -95,6 +96,7 @@ class BoundedStore:
         self.prioritized = prioritized
         self.alpha = alpha
         self.beta = beta
+        self._beta = beta  # the importance-sampling exponent the buffer draws with
         self.options = options
         self.folder = NStepFolder(options.n_step, options.gamma)
         self.edp: conduit.Conduit | None = None
@@ -107,14 +109,20 @@ class BoundedStore:
     # -- the rng RLlib users set for reproducibility -------------------------------
     @property
     def rng(self) -> np.random.Generator:
-        return self.edp.buffer.rng if self.edp is not None and self.edp.buffer is not None else self._rng
+        buf = self._buffer()
+        return buf.rng if buf is not None else self._rng
+
+    def _buffer(self) -> ReplayBuffer | None:
+        buf = self.edp.buffer if self.edp is not None else None
+        assert buf is None or isinstance(buf, ReplayBuffer)
+        return buf
 
     @rng.setter
     def rng(self, value: np.random.Generator) -> None:
         self._rng = value
-        if self.edp is not None and self.edp.buffer is not None:
-            with self.edp.buffer.lock:
-                self.edp.buffer.rng = value
+        buf = self._buffer()
+        if buf is not None:
+            buf.use_rng(value)
 
     # -- add ------------------------------------------------------------------------
     def add(self, chunks: list[Chunk]) -> int:
@@ -151,7 +159,7 @@ class BoundedStore:
             sampler="prioritized" if self.prioritized else "uniform",
             prioritized=conduit.PrioritizedReplay(alpha=self.alpha, beta=self.beta),
             learner_device=o.learner_device, storage_device=o.storage_device, max_staleness=o.max_staleness,
-            schedule=conduit.SchedulePin(delivery_overlap=o.prefetch), seed=o.seed, timeout_s=o.timeout_s,
+            pinned=conduit.SchedulePin(delivery_overlap=o.prefetch), seed=o.seed, timeout_s=o.timeout_s,
         )
         host_only = o.storage_device in (None, "cpu") and o.learner_device == "cpu"
         # on a CPU-only learner keep rows in host memory with the contention-proof gather;
@@ -164,11 +172,12 @@ class BoundedStore:
             learn_out.write(learner_columns(exp_in.read(), exp_in.info.get("weights"), n_step))
 
         edp.start()
-        buf = edp.buffer
-        assert isinstance(buf, ReplayBuffer)
         self.edp = edp
+        self._beta = self.beta  # the new runtime's sampler starts at the configured exponent
+        buf = self._buffer()
+        assert buf is not None
         with buf.lock:  # the delivery worker cannot draw before the restored priorities are in
-            buf.rng = self._rng
+            buf.use_rng(self._rng)
             if self.pending:
                 rows = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]}
                 drop = max(0, len(rows["rewards"]) - self.capacity)
@@ -186,20 +195,18 @@ class BoundedStore:
         ids = np.asarray(buf.ids)
         slots = np.flatnonzero((ids >= first) & (ids < first + min(n, len(leaves))))
         slots = slots[np.argsort(ids[slots], kind="stable")]
-        if slots.size:
-            buf.sampler.tree.update(slots, leaves[: slots.size])
-        buf.sampler.max_priority = float(restore["max_priority"])
+        buf.restore_priorities(slots, leaves[: slots.size], float(restore["max_priority"]))
 
     # -- sample ---------------------------------------------------------------------------
     def sample(self, batch_size: int, beta: float) -> tuple[PreparedBatch, Handle]:
         if self.edp is None:
             self.start(batch_size)
         edp = self.edp
-        assert edp is not None and edp.buffer is not None
-        buf = edp.buffer
-        if self.prioritized and beta != buf.sampler.beta:
-            with buf.lock:
-                buf.sampler.beta = beta  # applies from the next draw
+        buf = self._buffer()
+        assert edp is not None and buf is not None
+        if self.prioritized and beta != self._beta:
+            buf.set_beta(beta)  # applies from the next draw
+            self._beta = beta
         if batch_size == edp.config.train_batch_size and (buf.size >= batch_size or self._flushed_enough(batch_size)):
             batch = edp.pull(timeout=self.options.timeout_s)
             return self._from_pull(batch.to_dict(), batch.info)
@@ -214,17 +221,19 @@ class BoundedStore:
         return _prepared(cols), Handle(drawn.indices, drawn.ids, prefetched=False)
 
     def _flushed_enough(self, batch_size: int) -> bool:
-        assert self.edp is not None and self.edp.buffer is not None
+        buf = self._buffer()
+        assert self.edp is not None and buf is not None
         self.edp.flush()
-        return self.edp.buffer.size >= batch_size
+        return buf.size >= batch_size
 
     def _from_pull(self, cols: dict[str, torch.Tensor], info: BatchInfo) -> tuple[PreparedBatch, Handle]:
         handle = Handle(info.indices, info.ids, info.mode.overlap, info.staleness, max(0, info.version_lag))
         return _prepared(cols), handle
 
     def update_priorities(self, handle: Handle, priorities: np.ndarray) -> int:
-        assert self.edp is not None and self.edp.buffer is not None
-        return self.edp.buffer.update_priorities(handle.indices, handle.ids, priorities)
+        buf = self._buffer()
+        assert buf is not None
+        return buf.update_priorities(handle.indices, handle.ids, priorities)
 
     # -- persistence ------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -235,18 +244,15 @@ class BoundedStore:
             out.update(rows=rows, restore=self.restore, rng=self._rng.bit_generator.state)
             return out
         self.edp.flush()
-        buf = self.edp.buffer
+        buf = self._buffer()
+        assert buf is not None
         with buf.lock:
-            ids = np.asarray(buf.ids)
-            slots = np.flatnonzero(ids >= 0)
-            slots = slots[np.argsort(ids[slots], kind="stable")]  # oldest first
-            rows = {}
-            if slots.size:
-                gathered = buf.storage.gather(torch.from_numpy(slots))
-                rows = {k: v.cpu().numpy() for k, v in gathered.items()}
+            slots, gathered = buf.oldest_first()
+            rows = {k: v.cpu().numpy() for k, v in gathered.items()}
             restore = None
             if self.prioritized:
-                restore = {"leaves": buf.sampler.tree.leaves()[slots].copy(), "max_priority": buf.sampler.max_priority}
+                leaves, max_priority = buf.priorities_at(slots)
+                restore = {"leaves": leaves, "max_priority": max_priority}
             out.update(rows=rows, restore=restore, rng=buf.rng.bit_generator.state)
         return out
 

@@ -35,10 +35,11 @@ class HostGatherStorage(TensorStorage):
     """A :class:`~conduit.storage.TensorStorage` that gathers host rows with numpy fancy indexing.
 
     ``torch.index_select`` runs an OpenMP parallel region for large gathers; when
-    other processes hold the cores, that region waits for them: a 32 x 84.7 KB
-    gather measured 0.3-7 ms here (``out=`` or not), while numpy's single-threaded
-    fancy indexing stayed at 0.22-0.31 ms. With ``out`` (recycled batch memory) the
-    rows land there (``np.take(..., out=)``), else in fresh memory.
+    other processes hold the cores, that region waits for them, and a gather's time
+    swings with the load (``out=`` or not), while numpy's single-threaded fancy
+    indexing waits for no one (BENCHMARKS.md, "RLlib end to end"). With ``out``
+    (recycled batch memory) the rows land there (``np.take(..., out=)``), else in
+    fresh memory.
     """
 
     def gather(

@@ -39,9 +39,9 @@ class _TimedIterator:
             try:
                 item = next(source)
             except StopIteration:
-                self._timer._charge("minibatch_wait", time.perf_counter() - t0)
+                self._timer.charge("minibatch_wait", time.perf_counter() - t0)
                 return
-            self._timer._charge("minibatch_wait", time.perf_counter() - t0)
+            self._timer.charge("minibatch_wait", time.perf_counter() - t0)
             yield item
 
 
@@ -69,7 +69,7 @@ class ExperiencePathTimer:
         learner._create_iterator_if_necessary = create_iterator
         self._patched.append((learner, "_create_iterator_if_necessary"))
 
-    def _charge(self, key: str, dt: float) -> None:
+    def charge(self, key: str, dt: float) -> None:
         self.seconds[key] = self.seconds.get(key, 0.0) + dt
 
     def _wrap(self, obj: Any, name: str, key: str) -> None:
@@ -81,7 +81,7 @@ class ExperiencePathTimer:
             try:
                 return original(*args, **kwargs)
             finally:
-                self._charge(key, time.perf_counter() - t0)
+                self.charge(key, time.perf_counter() - t0)
 
         setattr(obj, name, timed)
         self._patched.append((obj, name))

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conduit.buffer import ReplayBuffer
+from conduit.buffers.replay import ReplayBuffer
 from conduit.errors import PlacementError
 from conduit.placement import (
     Node,

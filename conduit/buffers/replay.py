@@ -1,6 +1,6 @@
-"""The Experience Buffer, off-policy: the replay ring (the on-policy store is :mod:`conduit.iterations`).
+"""The Experience Buffer, off-policy: the replay ring (the on-policy store is :mod:`conduit.buffers.iterations`).
 
-Both buffers are thread-safe and keep what the semantics tests need: every row gets a
+Thread-safe, and it keeps what the semantics tests need: every row gets a
 global *transition id* in ingestion order, and each slot remembers the id of
 the row it holds (its generation). A priority update lands only where the id
 still matches, so updates for slots overwritten since sampling are dropped.
@@ -8,22 +8,28 @@ still matches, so updates for slots overwritten since sampling are dropped.
 Writes are all-or-nothing: every part is validated against the spec before
 any byte is stored, so a bad write raises :class:`~conduit.errors.SpecError`
 and leaves contents, counters and sampler state exactly as they were.
+
+Admission control is the buffer's, as in a Reverb table: its
+:class:`~conduit.ratelimit.RateLimiter` holds learners' samples and actors'
+inserts in ratio (:meth:`ExperienceBuffer.room`) and starts sampling at
+``min_size`` rows (:meth:`ReplayBuffer.can_sample`).
 """
 
 from __future__ import annotations
 
-import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from conduit.batch import BatchInfo, DrawnRows
-from conduit.errors import SemanticsError, SpecError
+from conduit.buffers.base import ANYWHERE, ExperienceBuffer, Ticket
+from conduit.errors import CheckpointError, RateLimited, SemanticsError, SpecError
 from conduit.executor import StreamOrder
 from conduit.memory import BatchMemory
+from conduit.ratelimit import RateLimiter
 from conduit.samplers.base import Draw, Sampler
 from conduit.slots import FifoRemover, Remover, SlotTable
 from conduit.spec import Data, ExperienceSpec, SpecHolder, rows_of
@@ -46,7 +52,7 @@ class Sampled(NamedTuple):
     ids = BatchInfo.ids
 
 
-class ReplayBuffer:
+class ReplayBuffer(ExperienceBuffer):
     """Off-policy replay over ``capacity`` slots.
 
     The default (FIFO remover, no ``max_times_sampled``) is a ring: writes are
@@ -67,7 +73,10 @@ class ReplayBuffer:
         remover: Remover | None = None,
         max_times_sampled: int | None = None,
         recycle_batches: bool = True,
+        limiter: RateLimiter | None = None,
+        block: bool = True,
     ) -> None:
+        super().__init__()
         self.capacity = capacity
         self.policy = storage
         self.sampler = sampler
@@ -77,17 +86,15 @@ class ReplayBuffer:
         self._sampler_tracks_inserts = type(sampler).on_insert is not Sampler.on_insert
         self._specs = SpecHolder(spec, growable)
         self.storage: Storage | None = None
-        self.lock = threading.RLock()
-        self.changed = threading.Condition(self.lock)
         self.rng = np.random.default_rng(seed)
         self.sampler.seed(int(self.rng.integers(2**62)))
         self.table = SlotTable(capacity)
-        self.inserted = 0  # rows ever written == next transition id == buffer version
         self.evicted_by_sampling = 0
+        #: admission control: the samples-per-insert ratio, and the rows sampling starts at
+        self.limiter = limiter or RateLimiter()
+        #: whether a push or pull that would break the ratio waits (True) or raises RateLimited
+        self.block = block
         self._order: StreamOrder | None = None
-        #: called (outside the lock) after rows were written
-        self.on_data: list[Callable[[], None]] = []
-        self.migrations = 0
         #: host memory of dropped batches for :meth:`sample` calls given no ``out`` (the delivery offers its own)
         self.memory = BatchMemory() if recycle_batches else None
         # (weak storage, spec, rows, device, min_bytes, recycle?) of the last direct sample: see _dropped_memory
@@ -106,6 +113,47 @@ class ReplayBuffer:
     def size(self) -> int:
         """Live transitions."""
         return self.table.count
+
+    @property
+    def rows(self) -> int:
+        return self.table.count
+
+    # -- admission (the protocol's push side) ------------------------------------------
+    @property
+    def free_admission(self) -> bool:
+        return self.limiter.samples_per_insert is None
+
+    def room(self, rows: int) -> bool:
+        return self.limiter.can_insert(rows)
+
+    def refuse(self, rows: int) -> None:
+        if not self.block:
+            raise RateLimited(f"push of {rows} rows would break the sample/insert ratio ({self.limiter.describe()})")
+
+    def describe_room(self, rows: int) -> str:
+        return f"learners to sample before {rows} more rows can be inserted ({self.limiter.describe()})"
+
+    def admit(self, rows: int, pieces: int) -> Ticket:
+        if self.limiter.samples_per_insert is not None:
+            self.limiter.insert(rows)
+        return ANYWHERE if pieces == 1 else Ticket(pieces=pieces)
+
+    def store(self, parts: Sequence[Data], ticket: Ticket, *, validated: bool = False) -> int:
+        return self.write(parts, validated=validated)[1]
+
+    # -- admission (the sampling side) ----------------------------------------------------
+    def can_sample(self, rows: int) -> bool:
+        """Whether ``rows`` may be sampled now: enough rows stored, and the ratio allows it."""
+        return self.limiter.can_sample(rows, self.table.count)
+
+    def refuses_sampling(self) -> bool:
+        """Whether a sample that the ratio forbids should raise RateLimited instead of waiting."""
+        return not self.block and self.table.count >= self.limiter.min_size
+
+    def counted(self) -> None:
+        """Learners' samples were counted: actors waiting for the ratio may insert again."""
+        if self.limiter.samples_per_insert is not None:
+            self._notify(self.on_room)
 
     # -- writes ---------------------------------------------------------------
     def validate(self, parts: Sequence[Data]) -> list[dict[str, torch.Tensor]]:
@@ -147,8 +195,7 @@ class ReplayBuffer:
                 self.inserted += n
             self._order.after_write()
             self.changed.notify_all()
-        for fn in self.on_data:
-            fn()
+        self._notify(self.on_data)
         return first, self.inserted - first
 
     def _allocate(self, example: Mapping[str, torch.Tensor]) -> None:
@@ -197,15 +244,19 @@ class ReplayBuffer:
     ) -> Sampled:
         """Draw ``n`` rows and gather them atomically.
 
-        Into ``out`` when given (the delivery's recycled batch memory); otherwise a
-        host batch's large fields go into memory of batches already dropped
-        (:class:`~conduit.memory.BatchMemory`, unless ``recycle_batches=False``):
-        a fresh multi-MB block is a new mapping whose pages fault in on every
-        call (measured at dim 5,000, batch 512: ~5,000 page faults and 4.8x
-        ``index_select(out=)`` per call, against 1.06x for a recycled pull).
+        Into ``out`` when given; otherwise a host batch's large fields go into memory
+        of batches already dropped (:class:`~conduit.memory.BatchMemory`, unless
+        ``recycle_batches=False``): a fresh multi-MB block is a new mapping whose
+        pages fault in on every call.
         """
         if out is None and self.memory is not None:
             out = self._dropped_memory(n, device)
+        return self.draw(n, device, out)
+
+    def draw(
+        self, n: int, device: torch.device | None = None, out: Mapping[str, torch.Tensor] | None = None
+    ) -> Sampled:
+        """:meth:`sample` into ``out`` as given (the delivery offers its own recycled memory, or None)."""
         with self.lock:
             if self.storage is None or self.table.count == 0:
                 raise SemanticsError("cannot sample from an empty buffer")
@@ -229,8 +280,8 @@ class ReplayBuffer:
         memory, spec, storage = self.memory, self.spec, self.storage
         if spec is None or storage is None or memory is None:
             return None
-        # whether to recycle, decided once per storage, spec, size, target and threshold: worked out on
-        # every call it cost small batches (no field to recycle) ~6 us, 7% of a sample at dim 128
+        # whether to recycle, decided once per storage, spec, size, target and threshold: small batches (no field
+        # to recycle) would otherwise pay for the decision on every call
         seen = self._recycling
         if (
             seen is None
@@ -253,7 +304,7 @@ class ReplayBuffer:
 
         Equivalent to :meth:`sample` then splitting, without one allocation of
         ``g`` batches: above glibc's 32 MiB mmap ceiling every such allocation
-        page-faults afresh (measured: 2x slower gathers at dim 5,000, g = 2).
+        is a fresh mapping that page-faults afresh.
         """
         with self.lock:
             if self.storage is None or self.table.count == 0:
@@ -302,6 +353,8 @@ class ReplayBuffer:
 
     def update_priorities(self, indices: np.ndarray, ids: np.ndarray, priorities: np.ndarray) -> int:
         """Apply priorities where the slot still holds the sampled transition; returns how many applied."""
+        if not self.sampler.has_priorities:
+            raise SemanticsError("update_priorities needs off-policy replay with sampler='prioritized'")
         indices = np.asarray(indices, dtype=np.int64)
         ids = np.asarray(ids, dtype=np.int64)
         pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
@@ -317,12 +370,99 @@ class ReplayBuffer:
                 self.sampler.update_priorities(indices[live], pr[live])
             return int(live.sum())
 
+    # -- what the learner side may set --------------------------------------------------
+    def use_rng(self, rng: np.random.Generator) -> None:
+        """Draw with ``rng`` from now on (frameworks that seed their buffers' generator themselves)."""
+        with self.lock:
+            self.rng = rng
+
+    def set_beta(self, beta: float) -> None:
+        """Prioritized replay: the importance-sampling exponent of the next draws (annealed by the framework)."""
+        if not self.sampler.has_priorities:
+            raise SemanticsError("set_beta needs sampler='prioritized'")
+        with self.lock:
+            self.sampler.beta = float(beta)  # type: ignore[attr-defined]
+
+    def priorities_at(self, slots: np.ndarray) -> tuple[np.ndarray, float]:
+        """Prioritized replay: the sampler's priorities of ``slots`` (after ``** alpha``) and its max priority."""
+        if not self.sampler.has_priorities:
+            raise SemanticsError("priorities_at needs sampler='prioritized'")
+        with self.lock:
+            return self.sampler.leaf_values(slots), self.sampler.max_priority  # type: ignore[attr-defined]
+
+    def restore_priorities(self, slots: np.ndarray, values: np.ndarray, max_priority: float) -> None:
+        """Prioritized replay: set what :meth:`priorities_at` returned (of the same rows, now at ``slots``)."""
+        if not self.sampler.has_priorities:
+            raise SemanticsError("restore_priorities needs sampler='prioritized'")
+        with self.lock:
+            self.sampler.set_leaf_values(slots, values, max_priority)  # type: ignore[attr-defined]
+
+    def oldest_first(self) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
+        """The live rows in ingestion order (oldest first), and the slots they are in."""
+        with self.lock:
+            ids = self.table.ids
+            slots = np.flatnonzero(ids >= 0)
+            slots = slots[np.argsort(ids[slots], kind="stable")]
+            if not slots.size or self.storage is None:
+                return slots, {}
+            return slots, self.storage.gather(torch.from_numpy(slots))
+
+    # -- state -----------------------------------------------------------------------------
+    def state_dict(self, *, rows: bool = True) -> dict[str, Any]:
+        """Table, sampler, rate limiter, generator and counters (and, with ``rows``, :meth:`rows_state`)."""
+        with self.lock:
+            state: dict[str, Any] = {
+                "capacity": self.capacity,
+                "spec": self.spec.to_json() if self.spec is not None else None,
+                "inserted": self.inserted,
+                "evicted_by_sampling": self.evicted_by_sampling,
+                "rng": self.rng.bit_generator.state,
+                "table": self.table.state_dict(),
+                "sampler": {"kind": self.sampler.name, **self.sampler.state_dict()},
+                "limiter": self.limiter.state_dict(),
+            }
+        if rows:
+            state["rows"] = self.rows_state()
+        return state
+
+    def rows_state(self) -> dict[str, torch.Tensor]:
+        """A host copy of the stored rows (slots ``[0, high)``); only a write changes them."""
+        storage, high = self.storage, self.table.high
+        if storage is None or not high:
+            return {}
+        return {k: v.cpu() for k, v in storage.read(0, high).items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state["capacity"]) != self.capacity:
+            raise CheckpointError(f"capacity: checkpoint has {state['capacity']}, runtime has {self.capacity}")
+        kind = state["sampler"]["kind"]
+        if kind != self.sampler.name:
+            raise CheckpointError(f"sampler: checkpoint used {kind!r}, runtime uses {self.sampler.name!r}")
+        with self.lock:
+            if self.inserted:
+                raise CheckpointError("restore into a fresh runtime (this one already holds data)")
+            if state["spec"] is not None:
+                spec = ExperienceSpec.from_json(state["spec"])
+                self._specs.spec = spec
+                storage = self.policy.create(spec, self.capacity)
+                self.use_storage(storage)
+                rows = state.get("rows") or {}
+                if rows:
+                    storage.write(0, rows)
+            self.table.load_state_dict(state["table"])
+            self.sampler.load_state_dict(state["sampler"])
+            self.limiter.load_state_dict(state["limiter"])
+            self.inserted = int(state["inserted"])
+            self.evicted_by_sampling = int(state["evicted_by_sampling"])
+            self.rng.bit_generator.state = state["rng"]
+
     def release(self) -> None:
         """Free the storage (the runtime closed); the slot table stays readable."""
         with self.lock:
             if self.storage is not None:
                 self.storage.close()
             self.on_data.clear()
+            self.on_room.clear()
 
     def contents(self) -> dict[str, torch.Tensor]:
         """A copy of all live rows in slot order (tests, checkpoints)."""

@@ -3,7 +3,7 @@
 Each workload (policy, cost kind, transition dimension, batch size) is
 profiled once and Conduit's plan is chosen as ``conduit profile`` chooses it
 (profile -> rank by the cost model -> verify the model's shortlist on the loop); then every configuration runs the same
-actor/learner loop (:func:`conduit.synthetic.run_loop`) in interleaved repeats:
+actor/learner loop (:func:`conduit.scheduling.workload.run_loop`) in interleaved repeats:
 
 - **inline** — an RLlib-style buffer: ingest right after rollout, sample right
   before update, pageable CPU (``inline g=1`` on both paths), a fresh batch
@@ -27,7 +27,7 @@ actor/learner loop (:func:`conduit.synthetic.run_loop`) in interleaved repeats:
 
 Exposed experience-path latency is ``T_iter - T_rollout - T_update`` with the
 rollout and update costs measured alone (``standalone_costs``) right before and
-right after each run (:func:`~conduit.synthetic.bracketed_exposed`: the
+right after each run (:func:`~conduit.scheduling.workload.bracketed_exposed`: the
 host's speed moves within seconds), the median over a configuration's runs.
 """
 
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from conduit.bench.loop_results import (
+from benchmarks.loop_results import (
     ConfigResult,
     LoopConfig,
     SyntheticResult,
@@ -50,17 +50,24 @@ from conduit.bench.loop_results import (
     WorkloadResult,
     workloads,
 )
-from conduit.bench.timing import torch_threads
+from benchmarks.timing import torch_threads
 from conduit.config import ConduitConfig
+from conduit.core import Mode, Policy, Schedule
 from conduit.runtime import Conduit
 from conduit.scheduling.model import predict
 from conduit.scheduling.profiler import ProfileSettings, profile_workload
-from conduit.scheduling.space import Mode, Policy, Schedule
+from conduit.scheduling.workload import (
+    Burner,
+    CostKind,
+    SyntheticWorkload,
+    bracketed_exposed,
+    run_loop,
+    standalone_costs,
+)
 from conduit.storage import FixedStorage, StoragePolicy
-from conduit.synthetic import Burner, CostKind, SyntheticWorkload, bracketed_exposed, run_loop, standalone_costs
 from conduit.trace import Tracer
 
-# the settings and result records live in conduit.bench.loop_results
+# the settings and result records live in benchmarks.loop_results
 __all__ = [
     "auto_storage",
     "run_synthetic",
@@ -130,7 +137,7 @@ def build_configs(
 
 
 def _touch(batch: Any) -> None:
-    """What every learner does first: read the batch (as ``conduit.synthetic`` does)."""
+    """What every learner does first: read the batch (as ``conduit.scheduling.workload`` does)."""
     for v in batch.values():
         if v.dtype.is_floating_point:
             v.sum()
@@ -181,11 +188,10 @@ def runtime_factory(
     def make(cfg: ConduitConfig, schedule: Schedule) -> Conduit:
         update: dict[str, Any] = {"learner_device": learner}
         if c.fresh_batches:  # a fresh batch per sample, every mini-batch gathered: what the baselines do
-            update["recycle_batches"] = False
-            update["presort"] = False
-        cfg = cfg.model_copy(update=update)
+            update["tuning"] = cfg.tuning.model_copy(update={"recycle_batches": False, "presort": False})
+        cfg = cfg.model_copy(update=update).pinned_to(schedule)
         storage = auto if c.auto_placement else FixedStorage(c.placement)
-        edp = Conduit(cfg, schedule=schedule, storage=storage, tracer=tracer or Tracer(enabled=False))
+        edp = Conduit(cfg, storage=storage, tracer=tracer or Tracer(enabled=False))
         if c.copy_hop:
             _copy_hop(edp)
         return edp
@@ -234,7 +240,7 @@ def run_workload(
     if w.cost is CostKind.COMPUTE:
         Burner.recalibrate()  # the host's speed has moved since the last workload's calibration
     say("profiling")
-    thorough = ProfileSettings.thorough()  # as `conduit profile --validate` plans
+    thorough = ProfileSettings.thorough()  # as `conduit bench validate` plans
     prof = profile_workload(w, settings=thorough, g_max=settings.g_max)
     chosen = prof.choice  # the model's shortlist, verified on the loop (as conduit profile plans)
     configs, unavailable = build_configs(w, chosen.schedule, auto_placement)
@@ -285,7 +291,7 @@ def run_synthetic(
     progress: Progress | None = None,
     tracer: Tracer | None = None,
 ) -> SyntheticResult:
-    from conduit.bench.machine import machine_info
+    from benchmarks.machine import machine_info
 
     t0 = time.perf_counter()
     with torch_threads(settings.threads):

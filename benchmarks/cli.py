@@ -1,4 +1,4 @@
-"""``conduit bench``: micro and synthetic benchmarks against the peers (issue 6).
+"""``conduit bench``: micro and synthetic benchmarks against the peers, and the cost model's validation.
 
 - ``conduit bench micro`` — ingestion (extend by 256, or ``--chunk`` rows: 1 is
   a loop that adds each environment step) and delivery (a batch of
@@ -6,8 +6,12 @@
   torch ``index_select`` and the memcpy bound, interleaved, medians and ratios.
 - ``conduit bench synthetic`` — the paper's synthetic actor/learner loop:
   inline, Reverb-style, GEAR-style, fixed placements and Conduit's plan.
-- ``conduit bench all`` — both with their defaults: the one command behind every
+- ``conduit bench validate`` — the cost model against measurement: every
+  feasible schedule of the synthetic loop per dimension, predicted vs measured.
+- ``conduit bench all`` — all three with their defaults: the one command behind every
   table in BENCHMARKS.md (``--markdown`` writes them, ``--plot-dir`` the figures).
+
+From a source checkout ``python -m benchmarks ...`` runs the same commands.
 
 ``--json`` writes machine-readable results to stdout (tables go to stderr),
 ``--plot out.png`` draws a figure (matplotlib, from the ``bench`` extra),
@@ -29,18 +33,22 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from conduit.bench.document import machine_line, markdown_document
-from conduit.bench.loop import run_synthetic
-from conduit.bench.loop_results import SyntheticResult, SyntheticSettings
-from conduit.bench.micro import ALL_PEERS, MicroResult, MicroSettings, run_micro
-from conduit.bench.peers import PEERS
-from conduit.bench.report import TableData, micro_tables
-from conduit.bench.report_loop import loop_tables
-from conduit.scheduling.space import Policy
-from conduit.synthetic import CostKind
+from benchmarks.document import machine_line, markdown_document
+from benchmarks.loop import run_synthetic
+from benchmarks.loop_results import SyntheticResult, SyntheticSettings
+from benchmarks.micro import ALL_PEERS, MicroResult, MicroSettings, run_micro
+from benchmarks.peers import PEERS
+from benchmarks.report import TableData, micro_json, micro_tables
+from benchmarks.report_loop import loop_json, loop_tables
+from benchmarks.validate import run_validation, validation_markdown
+from conduit.core import Policy
+from conduit.scheduling.workload import CostKind
 from conduit.trace import Tracer
 
-app = typer.Typer(help="Benchmarks of the experience path against the peers.", no_args_is_help=True)
+app = typer.Typer(
+    help="Benchmarks of the experience path against the peers, and the cost model against measurement.",
+    no_args_is_help=True,
+)
 
 POLICIES = {"off": (Policy.OFF_POLICY,), "on": (Policy.ON_POLICY,), "both": (Policy.OFF_POLICY, Policy.ON_POLICY)}
 COSTS = {"compute": (CostKind.COMPUTE,), "sleep": (CostKind.SLEEP,), "both": (CostKind.COMPUTE, CostKind.SLEEP)}
@@ -72,7 +80,7 @@ def _peers(text: str) -> tuple[str, ...]:
 
 def _check_plot(*paths: Path | None) -> None:
     if any(p is not None for p in paths):
-        from conduit.bench.plot import MissingExtra, require_matplotlib
+        from benchmarks.plot import MissingExtra, require_matplotlib
 
         try:
             require_matplotlib()
@@ -195,11 +203,11 @@ def micro(
     if markdown is not None:
         markdown.write_text(markdown_document(result, None))
     if plot is not None:
-        from conduit.bench.plot import plot_micro
+        from benchmarks.plot import plot_micro
 
         console.print(f"[dim]plot: {plot_micro(result, plot)}[/dim]")
     if as_json:
-        _dump(result.to_json())
+        _dump(micro_json(result))
 
 
 def synthetic_settings(
@@ -299,11 +307,40 @@ def synthetic(
     if markdown is not None:
         markdown.write_text(markdown_document(None, result))
     if plot is not None:
-        from conduit.bench.plot import plot_synthetic
+        from benchmarks.plot import plot_synthetic
 
         console.print(f"[dim]plot: {plot_synthetic(result, plot)}[/dim]")
     if as_json:
-        _dump(result.to_json())
+        _dump(loop_json(result))
+
+
+@app.command("validate")
+def validate(
+    dims: str = typer.Option("128,1000,5000,10000", help="Transition dimensions to validate at."),
+    g_max: int = typer.Option(4, min=1, max=16, help="Cap on off-policy granularities."),
+    batch_size: int = typer.Option(512, min=1, help="Off-policy training batch size."),
+    unit_size: int = typer.Option(256, min=1, help="Transitions per rollout unit (one push)."),
+    capacity: int = typer.Option(20_000, min=1, help="Off-policy replay capacity."),
+    rollout_ms: float = typer.Option(2.0, min=0, help="Rollout cost per unit (ms)."),
+    update_ms: float = typer.Option(8.0, min=0, help="Update cost per training batch (ms)."),
+    cost: CostKind = typer.Option(
+        CostKind.COMPUTE, help="compute: burn CPU; sleep: release it, as a GPU learner would."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Write machine-readable JSON to stdout."),
+    markdown: Path | None = typer.Option(None, "--markdown", dir_okay=False, help="Write the table as Markdown."),
+) -> None:
+    """The cost model against measurement: every feasible schedule of the off-policy loop, predicted vs measured."""
+    fields: dict[str, Any] = dict(
+        batch_size=batch_size, unit_size=unit_size, capacity=capacity, rollout_ms=rollout_ms, update_ms=update_ms,
+        cost=cost,
+    )
+    console = Console(stderr=as_json)
+    doc = run_validation(console, fields, _ints(dims, "--dims"), g_max, as_json)
+    if markdown is not None:
+        markdown.write_text(validation_markdown(doc))
+        console.print(f"[dim]markdown: {markdown}[/dim]")
+    if as_json:
+        _dump(doc)
 
 
 @app.command("all")
@@ -318,32 +355,30 @@ def all_(
     ),
     validation: bool = typer.Option(
         True, "--validation/--no-validation",
-        help="Also validate the cost model (conduit profile --validate --dims 128,1000,5000,10000 --g-max 3).",
+        help="Also validate the cost model (conduit bench validate --g-max 3).",
     ),
 ) -> None:
     """Every benchmark with its defaults: reproduces the micro, synthetic and scheduling tables in BENCHMARKS.md."""
-    from conduit.cli.profile import _validate, validation_markdown
-
     _check_plot(plot_dir)
     console = Console(stderr=as_json)
     micro_result = run_micro_cli(console, MicroSettings(), as_json, None)
     synthetic_result = run_synthetic_cli(console, SyntheticSettings(), as_json, trace)
     mtables, ltables = micro_tables(micro_result), loop_tables(synthetic_result)
     _emit(console, mtables + ltables, as_json)
-    doc = _validate(console, {}, [128, 1000, 5000, 10000], 3, as_json) if validation else None
+    doc = run_validation(console, {}, [128, 1000, 5000, 10000], 3, as_json) if validation else None
     if markdown is not None:
         text = markdown_document(micro_result, synthetic_result)
         markdown.write_text(text + ("\n" + validation_markdown(doc) if doc is not None else ""))
         console.print(f"[dim]markdown: {markdown}[/dim]")
     if plot_dir is not None:
-        from conduit.bench.plot import plot_micro, plot_synthetic
+        from benchmarks.plot import plot_micro, plot_synthetic
 
         plot_dir.mkdir(parents=True, exist_ok=True)
         plot_micro(micro_result, plot_dir / "bench_micro.png")
         plot_synthetic(synthetic_result, plot_dir / "bench_synthetic.png")
         console.print(f"[dim]plots: {plot_dir}/bench_micro.png, {plot_dir}/bench_synthetic.png[/dim]")
     if as_json:
-        _dump({"micro": micro_result.to_json(), "synthetic": synthetic_result.to_json(), "validation": doc})
+        _dump({"micro": micro_json(micro_result), "synthetic": loop_json(synthetic_result), "validation": doc})
 
 
 def _dump(doc: dict[str, Any]) -> None:

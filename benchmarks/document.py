@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from conduit.bench.report import micro_tables, to_markdown
-from conduit.bench.report_loop import loop_tables
+from benchmarks.report import micro_tables, to_markdown
+from benchmarks.report_loop import loop_tables
 
 if TYPE_CHECKING:
-    from conduit.bench.loop_results import SyntheticResult
-    from conduit.bench.micro import MicroResult
+    from benchmarks.loop_results import SyntheticResult
+    from benchmarks.micro import MicroResult
 
 __all__ = ["machine_line", "markdown_document"]
 

@@ -352,11 +352,11 @@ class NumpyRing(Peer):
 
 #: peer name -> (library, "module:Class"); optional peers are imported only when asked for
 PEERS: dict[str, tuple[str, str]] = {
-    "conduit": ("conduit", "conduit.bench.peers_conduit:ConduitPeer"),
-    "torch": ("torch", "conduit.bench.peers:TorchPlain"),
-    "numpy": ("numpy", "conduit.bench.peers:NumpyRing"),
-    "torchrl": ("torchrl", "conduit.bench.peers_torchrl:TorchRLPeer"),
-    "cpprb": ("cpprb", "conduit.bench.peers_cpprb:CpprbPeer"),
+    "conduit": ("conduit", "benchmarks.peers_conduit:ConduitPeer"),
+    "torch": ("torch", "benchmarks.peers:TorchPlain"),
+    "numpy": ("numpy", "benchmarks.peers:NumpyRing"),
+    "torchrl": ("torchrl", "benchmarks.peers_torchrl:TorchRLPeer"),
+    "cpprb": ("cpprb", "benchmarks.peers_cpprb:CpprbPeer"),
 }
 
 

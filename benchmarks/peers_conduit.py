@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from conduit.bench.peers import Case, MicroData, Op, Peer, Role, Sampling, index_select_into
-from conduit.config import SamplerKind
+from benchmarks.peers import Case, MicroData, Op, Peer, Role, Sampling, index_select_into
+from conduit.config import Tuning
+from conduit.core import Mode, SamplerKind, Schedule
 from conduit.runtime import Conduit
-from conduit.scheduling.space import Mode, Schedule
 from conduit.spec import ExperienceSpec
 from conduit.storage import Storage, TensorStorage
 from conduit.trace import Tracer
@@ -135,9 +135,9 @@ class ConduitPeer(Peer):
                 if mode != one:
                     self.variants[mode] = self._runtime(Schedule(mode, mode))
         self.prioritized = self._runtime(Schedule(one, one), SamplerKind.PRIORITIZED)
-        # the headline with recycled batch memory (ConduitConfig.batch_pool): what index_select(out=) gets for free
+        # the headline with recycled batch memory (Tuning.batch_pool): what index_select(out=) gets for free
         self.pooled = self._runtime(Schedule(one, one), batch_pool=2)
-        # the headline gathering every batch into fresh memory (recycle_batches=False): what recycling buys
+        # the headline gathering every batch into fresh memory (Tuning.recycle_batches=False): what recycling buys
         self.fresh = self._runtime(Schedule(one, one), recycle=False)
         self._k = 0
         self._same_out: dict[str, torch.Tensor] | None = None
@@ -153,7 +153,6 @@ class ConduitPeer(Peer):
         d = self.data
         return Conduit(
             spec=self.spec,
-            schedule=schedule,
             storage=self.shared,
             tracer=tracer or Tracer(enabled=False),
             policy="off_policy",
@@ -163,8 +162,8 @@ class ConduitPeer(Peer):
             sampler=sampler,
             seed=d.seed,
             g_max=self.g_max,
-            batch_pool=batch_pool,
-            recycle_batches=recycle,
+            pinned=schedule,
+            tuning=Tuning(batch_pool=batch_pool, recycle_batches=recycle),
             copy_on_push=False,  # nothing writes into a pushed chunk again: handed over, as fresh rollouts are
             timeout_s=120.0,
         ).start()

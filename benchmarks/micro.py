@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from conduit.bench.machine import machine_info, memcpy_bandwidth
-from conduit.bench.peers import Case, MicroData, Missing, Op, Peer, Role, Sampling, load_peer
-from conduit.bench.timing import Stat, calls_for, interleaved, torch_threads
+from benchmarks.machine import machine_info, memcpy_bandwidth
+from benchmarks.peers import Case, MicroData, Missing, Op, Peer, Role, Sampling, load_peer
+from benchmarks.timing import Stat, calls_for, interleaved, torch_threads
 
 __all__ = ["ALL_PEERS", "CaseResult", "DimResult", "MicroResult", "MicroSettings", "capacity_for", "run_micro"]
 
@@ -137,8 +137,7 @@ class DimResult:
         return self.best(Op.DELIVER, (Role.TORCHRL, Role.TORCHRL_PREFETCH))
 
     def to_json(self) -> dict[str, Any]:
-        from conduit.bench.report import micro_ratios
-
+        """The measured records; :func:`benchmarks.report.micro_json` adds the ratios."""
         return {
             "dim": self.dim,
             "capacity": self.capacity,
@@ -147,7 +146,6 @@ class DimResult:
             "seconds": self.seconds,
             "cases": [c.to_json() for c in self.cases],
             "missing": [m.to_json() for m in self.missing],
-            "ratios": micro_ratios(self),
         }
 
 
@@ -160,15 +158,13 @@ class MicroResult:
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        from conduit.bench.report import micro_targets
-
+        """The measured records; :func:`benchmarks.report.micro_json` adds the ratios and the targets."""
         return {
             "settings": self.settings.to_json(),
             "machine": self.machine,
             "memcpy_gb_per_s": self.memcpy_gbps,
             "seconds": self.seconds,
             "dims": [d.to_json() for d in self.dims],
-            "targets": [t.to_json() for t in micro_targets(self)],
         }
 
 

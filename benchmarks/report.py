@@ -10,14 +10,27 @@ is better — it is how many times faster Conduit is. Tables are plain data
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from conduit.bench.peers import Op, Role, Sampling
+from benchmarks.micro import CaseResult, DimResult, MicroResult
+from benchmarks.peers import Op, Role, Sampling
 
-if TYPE_CHECKING:
-    from conduit.bench.micro import CaseResult, DimResult, MicroResult
+__all__ = [
+    "MEMORY_BOUND_QUESTION",
+    "PEERS_QUESTION",
+    "TableData",
+    "Target",
+    "fmt_ratio",
+    "micro_json",
+    "micro_ratios",
+    "micro_tables",
+    "micro_targets",
+    "to_markdown",
+]
 
-__all__ = ["TableData", "Target", "fmt_ratio", "micro_ratios", "micro_tables", "micro_targets", "to_markdown"]
+#: the questions the micro-benchmark's targets answer (each target names its question)
+MEMORY_BOUND_QUESTION = "Delivery and ingestion vs the memory-bound limit"
+PEERS_QUESTION = "Delivery and ingestion vs the peers"
 
 
 @dataclass(frozen=True)
@@ -30,9 +43,9 @@ class TableData:
 
 @dataclass(frozen=True)
 class Target:
-    """One "done means" criterion of an issue, evaluated on a measurement."""
+    """One "done means" criterion, evaluated on a measurement; ``question`` names what it answers."""
 
-    issue: int
+    question: str
     name: str
     scope: str
     value: float | None
@@ -54,7 +67,7 @@ class Target:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "issue": self.issue,
+            "question": self.question,
             "name": self.name,
             "scope": self.scope,
             "value": self.value,
@@ -111,27 +124,38 @@ def micro_ratios(d: DimResult) -> dict[str, float | None]:
     }
 
 
-#: (ingestion chunk, training batch) the targets are set for (issues #2 and #6)
+#: (ingestion chunk, training batch) the targets are set for
 TARGET_SHAPE = (256, 512)
 
-#: (issue, name, ratio key, threshold, at_most)
-MICRO_TARGETS: tuple[tuple[int, str, str, float, bool], ...] = (
-    (2, "delivery: pull (inline g=1) within 1.25x of index_select", "pull/index_select", 1.25, True),
-    (2, "delivery: gather operator within 1.25x of index_select", "gather_op/index_select", 1.25, True),
-    (2, "ingestion: push within 1.25x of a slice copy", "push/slice_copy", 1.25, True),
-    (6, "delivery >= 2x faster than TorchRL (its faster variant)", "torchrl_best/pull", 2.0, False),
-    (6, "delivery no slower than cpprb", "cpprb/pull", 1.0, False),
-    (6, "delivery within 1.3x of the memcpy-bound time", "pull/memcpy", 1.3, True),
-    (6, "ingestion >= 2x TorchRL's extend", "torchrl_extend/push", 2.0, False),
+_BOUND, _PEERS = MEMORY_BOUND_QUESTION, PEERS_QUESTION
+
+#: (question, name, ratio key, threshold, at_most)
+MICRO_TARGETS: tuple[tuple[str, str, str, float, bool], ...] = (
+    (_BOUND, "delivery: pull (inline g=1) within 1.25x of index_select", "pull/index_select", 1.25, True),
+    (_BOUND, "delivery: gather operator within 1.25x of index_select", "gather_op/index_select", 1.25, True),
+    (_BOUND, "ingestion: push within 1.25x of a slice copy", "push/slice_copy", 1.25, True),
+    (_BOUND, "delivery within 1.3x of the memcpy-bound time", "pull/memcpy", 1.3, True),
+    (_PEERS, "delivery >= 2x faster than TorchRL (its faster variant)", "torchrl_best/pull", 2.0, False),
+    (_PEERS, "delivery no slower than cpprb", "cpprb/pull", 1.0, False),
+    (_PEERS, "ingestion >= 2x TorchRL's extend", "torchrl_extend/push", 2.0, False),
 )
 
 
 def micro_targets(result: MicroResult) -> list[Target]:
     out = []
-    for issue, name, key, threshold, at_most in MICRO_TARGETS:
+    for question, name, key, threshold, at_most in MICRO_TARGETS:
         for d in result.dims:
-            out.append(Target(issue, name, f"dim {d.dim:,}", micro_ratios(d)[key], threshold, at_most, key))
+            out.append(Target(question, name, f"dim {d.dim:,}", micro_ratios(d)[key], threshold, at_most, key))
     return out
+
+
+def micro_json(result: MicroResult) -> dict[str, Any]:
+    """The micro-benchmark's JSON: the result's records, each dimension's ratios and the targets."""
+    doc = result.to_json()
+    for d, out in zip(result.dims, doc["dims"]):
+        out["ratios"] = micro_ratios(d)
+    doc["targets"] = [t.to_json() for t in micro_targets(result)]
+    return doc
 
 
 def fmt_ratio(v: float | None) -> str:
@@ -212,11 +236,11 @@ def micro_tables(result: MicroResult) -> list[TableData]:
     )
     targets = micro_targets(result)
     rows = []
-    for issue, name, key, threshold, at_most in MICRO_TARGETS:
+    for question, name, key, threshold, at_most in MICRO_TARGETS:
         ts = [t for t in targets if t.detail == key and t.name == name]
         rows.append(
             [
-                f"#{issue}",
+                question,
                 name,
                 f"{key} {'≤' if at_most else '≥'} {threshold:g}",
                 *(f"{fmt_ratio(t.value)} {t.verdict}" for t in ts),
@@ -225,10 +249,10 @@ def micro_tables(result: MicroResult) -> list[TableData]:
     title = "Targets"
     if (s.chunk, s.batch) != TARGET_SHAPE:
         title += (
-            f" (the issues set them for chunks of {TARGET_SHAPE[0]} and batches of {TARGET_SHAPE[1]}; "
+            f" (set for chunks of {TARGET_SHAPE[0]} and batches of {TARGET_SHAPE[1]}; "
             f"this run's chunks of {s.chunk:,} and batches of {s.batch:,} read them for reference only)"
         )
-    tables.append(TableData(title, ["issue", "target", "criterion", *dims], rows))
+    tables.append(TableData(title, ["question", "target", "criterion", *dims], rows))
     return tables
 
 

@@ -1,21 +1,27 @@
-"""The Experience Buffer, on-policy: one store per policy iteration, never mixed (off-policy: :mod:`conduit.buffer`).
+"""The Experience Buffer, on-policy: one store per policy iteration, never mixed (off-policy: :mod:`~.replay`).
 
 Every row gets a global *transition id* in ingestion order; an iteration's rows
 are delivered as its shuffled mini-batches, epoch by epoch, and the store is
 reused only once no delivered view of it is alive. Writes are all-or-nothing:
 every part is validated against the spec before any byte is stored.
+
+Units are assigned to an iteration when they are pushed (:meth:`IterationBuffer.admit`):
+an iteration closes with the unit that brings it to ``train_batch_size`` rows (or on
+:meth:`IterationBuffer.seal_open`), and is sealed for delivery once every piece of it
+has been written.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from conduit.errors import SemanticsError
+from conduit.buffers.base import ExperienceBuffer, Ticket
+from conduit.buffers.layout import Iteration, laid_out
+from conduit.errors import CheckpointError, SemanticsError
 from conduit.executor import StreamOrder
 from conduit.samplers.minibatch import minibatch_plan
 from conduit.spec import Data, ExperienceSpec, SpecHolder, batch_size_of
@@ -25,67 +31,7 @@ from conduit.storage.policy import StoragePolicy, copy_rows
 __all__ = ["Iteration", "IterationBuffer", "laid_out"]
 
 
-@dataclass
-class Iteration:
-    """One on-policy iteration's rows, sealed once all its units are ingested."""
-
-    index: int
-    storage: Storage
-    rows: int = 0
-    ids: list[np.ndarray] | None = None
-    sealed: bool = False
-    #: ``plan[epoch][minibatch][learner]`` -> rows (insertion order); drawn for the expected rows when the
-    #: iteration is created, drawn again at the seal if it ends with another count
-    plan: list[list[list[np.ndarray]]] | None = None
-    #: mini-batches still to be delivered, per learner
-    remaining: list[int] | None = None
-    #: storage row of each of the first ``len(position)`` rows (later rows sit at their own index);
-    #: None: every row at its own index
-    position: np.ndarray | None = None
-    #: ``runs[minibatch][learner] = (start, n)``: the storage rows of the last epoch's mini-batches, while
-    #: ``plan`` is the plan the rows were laid out by (None otherwise)
-    runs: list[list[tuple[int, int]]] | None = None
-    #: the first ``early`` mini-batches of the first epoch are written in full and may be delivered before
-    #: the seal (:meth:`IterationBuffer.write`'s closing write, mini-batch by mini-batch); never the last one
-    early: int = 0
-
-    def id_array(self) -> np.ndarray:
-        return np.concatenate(self.ids) if self.ids else np.zeros(0, dtype=np.int64)
-
-    def slots(self, rows: np.ndarray) -> np.ndarray:
-        """Storage rows of ``rows`` (insertion order)."""
-        p = self.position
-        if p is None:
-            return rows
-        if rows.size and int(rows.max()) >= len(p):
-            return np.where(rows < len(p), p[np.minimum(rows, len(p) - 1)], rows)
-        return p[rows]
-
-
-def laid_out(epoch: list[list[np.ndarray]]) -> tuple[np.ndarray | None, list[list[tuple[int, int]]]]:
-    """Storage rows that put an epoch's mini-batches side by side, in plan order, and each one's run.
-
-    ``epoch[minibatch][learner]`` are rows (insertion order) covering ``0..R`` once;
-    row ``r`` goes to storage row ``position[r]`` so that mini-batch ``j`` of learner
-    ``l`` is the run ``runs[j][l] = (start, n)``. ``position`` is None when the
-    epoch is unshuffled (every row at its own index already).
-    """
-    order = np.concatenate([rows for mb in epoch for rows in mb])
-    runs: list[list[tuple[int, int]]] = []
-    start = 0
-    for mb in epoch:
-        runs.append([])
-        for rows in mb:
-            runs[-1].append((start, len(rows)))
-            start += len(rows)
-    if np.array_equal(order, np.arange(len(order))):
-        return None, runs
-    position = np.empty_like(order)
-    position[order] = np.arange(len(order), dtype=order.dtype)
-    return position, runs
-
-
-class IterationBuffer:
+class IterationBuffer(ExperienceBuffer):
     """Per-iteration stores for on-policy training; never mixes iterations.
 
     At most ``max_in_flight`` iterations exist at once (one being consumed, one
@@ -130,7 +76,8 @@ class IterationBuffer:
         expected_rows: int | None = None,
         presort: bool = True,
     ) -> None:
-        self.rows = rows
+        super().__init__()
+        self.store_rows = rows
         self.expected_rows = rows if expected_rows is None else expected_rows
         self.presort = presort
         self.policy = storage
@@ -140,27 +87,126 @@ class IterationBuffer:
         self.num_learners = num_learners
         self.max_in_flight = max_in_flight
         self.shuffle = shuffle
-        self.lock = threading.RLock()
-        self.changed = threading.Condition(self.lock)
         self.rng = np.random.default_rng(seed)
         self.iterations: dict[int, Iteration] = {}
         self.sealed: set[int] = set()
         self.consumed = 0  # iterations fully delivered (== index of the oldest live one)
-        self.inserted = 0  # rows ever written == next transition id
         self._free: list[Storage] = []
         self._order: StreamOrder | None = None
         #: release the first epoch's mini-batches one by one during an iteration's closing write (see above)
         self.early_minibatches = False
-        #: called (outside the lock) when an iteration was sealed (or a mini-batch released early) / released
-        self.on_data: list[Callable[[], None]] = []
-        self.on_release: list[Callable[[], None]] = []
+        # the push side: the iteration being pushed, its rows so far, and per iteration the pieces
+        # admitted and written; an iteration closed at the push side is sealed once they agree
+        self._push_iter = 0
+        self._push_rows = 0
+        self._pieces_pushed: dict[int, int] = {}
+        self._pieces_done: dict[int, int] = {}
+        self._closed: set[int] = set()
 
     @property
     def spec(self) -> ExperienceSpec | None:
         return self._specs.spec
 
+    @property
+    def rows(self) -> int:
+        with self.lock:
+            return sum(it.rows for it in self.iterations.values())
+
     def validate(self, parts: Sequence[Data]) -> list[dict[str, torch.Tensor]]:
         return self._specs.check(parts)
+
+    # -- the push side ------------------------------------------------------------------
+    def room(self, rows: int) -> bool:
+        return self.accepts(self._push_iter)
+
+    def describe_room(self, rows: int) -> str:
+        return (
+            f"room to push (iteration {self._push_iter} would exceed {self.max_in_flight} iterations in flight: "
+            f"the learner has consumed {self.consumed}); is a learner pulling?"
+        )
+
+    def admit(self, rows: int, pieces: int) -> Ticket:
+        with self.lock:
+            it = self._push_iter
+            closes = self.early_minibatches and self._push_rows + rows == self.expected_rows
+            if closes:
+                pieces = 1  # written whole: the buffer stores it mini-batch by mini-batch (_closing_write)
+            self._pieces_pushed[it] = self._pieces_pushed.get(it, 0) + pieces
+            self._push_rows += rows
+            if self._push_rows >= self.expected_rows:
+                self._close_push_iteration()
+            return Ticket(it, pieces, closes)
+
+    def store(self, parts: Sequence[Data], ticket: Ticket, *, validated: bool = False) -> int:
+        assert ticket.iteration is not None
+        return self.write(ticket.iteration, parts, closes=ticket.closes)[1]
+
+    def stored(self, ticket: Ticket) -> None:
+        it = ticket.iteration
+        assert it is not None
+        with self.lock:
+            self._pieces_done[it] = self._pieces_done.get(it, 0) + 1
+            ready = self._take_sealable(it)
+        if ready is not None:  # outside the lock: sealing notifies the delivery path
+            self.seal(ready)
+
+    def seal_open(self) -> int | None:
+        with self.lock:
+            if self._push_rows == 0:
+                return None
+            need = self.num_minibatches * self.num_learners
+            if self._push_rows < need:
+                raise SemanticsError(
+                    f"seal(): iteration {self._push_iter} holds {self._push_rows} rows, fewer than "
+                    f"num_minibatches x num_learners = {need}; push more before sealing"
+                )
+            it = self._push_iter
+            self._close_push_iteration()
+            ready = self._take_sealable(it)
+        if ready is not None:
+            self.seal(ready)
+        return it
+
+    def _close_push_iteration(self) -> None:
+        self._closed.add(self._push_iter)
+        self._push_iter += 1
+        self._push_rows = 0
+
+    def _take_sealable(self, iteration: int) -> int | None:
+        """``iteration`` if it is closed and fully written (caller holds the lock); claims it."""
+        done, pushed = self._pieces_done.get(iteration, 0), self._pieces_pushed.get(iteration, 0)
+        if iteration not in self._closed or done != pushed:
+            return None
+        self._closed.discard(iteration)
+        self._pieces_pushed.pop(iteration, None)
+        self._pieces_done.pop(iteration, None)
+        return iteration
+
+    # -- state ------------------------------------------------------------------------------
+    def state_dict(self, *, rows: bool = True) -> dict[str, Any]:
+        """Counters, generator and the push side, between iterations (an on-policy iteration's data is used once:
+        RLlib does not checkpoint it either)."""
+        with self.lock:
+            if self.iterations or self._push_rows or self._pieces_pushed:
+                raise SemanticsError(
+                    f"an on-policy runtime is checkpointed between iterations; "
+                    f"{len(self.iterations) + bool(self._push_rows)} iteration(s) are being collected or delivered"
+                )
+            return {
+                "inserted": self.inserted,
+                "consumed": self.consumed,
+                "rng": self.rng.bit_generator.state,
+                "push_iteration": self._push_iter,
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self.lock:
+            if self.inserted:
+                raise CheckpointError("restore into a fresh runtime (this one already holds data)")
+            self.inserted = int(state["inserted"])
+            self.consumed = int(state["consumed"])
+            self.rng.bit_generator.state = state["rng"]
+            self._push_iter = int(state["push_iteration"])
 
     def release(self) -> None:
         """Free every store (the runtime closed)."""
@@ -172,7 +218,7 @@ class IterationBuffer:
             self.iterations.clear()
             self._free.clear()
             self.on_data.clear()
-            self.on_release.clear()
+            self.on_room.clear()
 
     def accepts(self, iteration: int) -> bool:
         """Whether rows of ``iteration`` can be stored now (back-pressure)."""
@@ -277,14 +323,13 @@ class IterationBuffer:
                     it.early = k + 1
                 self.changed.notify_all()
             if k < m - 1:
-                for fn in self.on_data:
-                    fn()
+                self._notify(self.on_data)
 
     def _get(self, iteration: int) -> Iteration:
         it = self.iterations.get(iteration)
         if it is None:
             assert self._specs.spec is not None
-            storage = self._reusable() or self.policy.create(self._specs.spec, self.rows)
+            storage = self._reusable() or self.policy.create(self._specs.spec, self.store_rows)
             it = Iteration(iteration, storage, ids=[])
             if self.expected_rows >= self.num_minibatches * self.num_learners:  # else drawn at the seal
                 it.plan = minibatch_plan(
@@ -314,7 +359,7 @@ class IterationBuffer:
         need = it.rows + n
         if grown is None and need <= it.storage.rows:
             return
-        new = self.policy.create(self._specs.spec, max(need, it.storage.rows, self.rows))
+        new = self.policy.create(self._specs.spec, max(need, it.storage.rows, self.store_rows))
         # laid out: the rows so far are spread over the expected rows' storage rows
         copy_rows(it.storage, new, it.rows if it.position is None else max(it.rows, len(it.position)))
         it.storage.close()
@@ -336,8 +381,7 @@ class IterationBuffer:
                 it.remaining = [self.num_minibatches * self.num_epochs] * self.num_learners
             self.sealed.add(iteration)
             self.changed.notify_all()
-        for fn in self.on_data:
-            fn()
+        self._notify(self.on_data)
 
     def current(self) -> Iteration | None:
         """The oldest sealed iteration still being delivered."""
@@ -384,7 +428,7 @@ class IterationBuffer:
             if all(r == 0 for r in it.remaining):
                 self.sealed.discard(iteration)
                 del self.iterations[iteration]
-                if it.storage.rows == self.rows and it.storage.spec == self._specs.spec:
+                if it.storage.rows == self.store_rows and it.storage.spec == self._specs.spec:
                     self._free.append(it.storage)
                     if len(self._free) > self.max_in_flight:  # a learner keeps views: let one such store go
                         busy = [s for s in self._free if s.in_use()]
@@ -399,5 +443,4 @@ class IterationBuffer:
                 released = False
             self.changed.notify_all()
         if released:
-            for fn in self.on_release:
-                fn()
+            self._notify(self.on_room)

@@ -17,7 +17,7 @@ import logging
 import warnings
 from typing import Any
 
-from conduit.bench.peers import Case, MicroData, Missing, Op, Peer, Role, Sampling
+from benchmarks.peers import Case, MicroData, Missing, Op, Peer, Role, Sampling
 
 __all__ = ["TorchRLPeer"]
 

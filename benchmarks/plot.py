@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from conduit.bench.peers import INSTALL_HINT, Op, Role, Sampling
+from benchmarks.peers import INSTALL_HINT, Op, Role, Sampling
 
 if TYPE_CHECKING:
-    from conduit.bench.loop_results import SyntheticResult
-    from conduit.bench.micro import CaseResult, DimResult, MicroResult
+    from benchmarks.loop_results import SyntheticResult
+    from benchmarks.micro import CaseResult, DimResult, MicroResult
 
 __all__ = ["MissingExtra", "plot_micro", "plot_synthetic", "require_matplotlib"]
 

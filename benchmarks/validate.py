@@ -5,6 +5,11 @@ of the synthetic loop, measure ``T_iter``, and compare with the model's
 prediction: Pearson r and MAPE over all configurations, whether the predicted
 top-k ordering matches the measured one, and where the automatic choice lands
 relative to the best measured configuration (the lower envelope).
+
+:func:`run_validation` runs the sweep for ``conduit bench validate`` and
+``conduit bench all`` (a progress line and a table on a rich console, the
+JSON as a dict); :func:`validation_markdown` writes it as BENCHMARKS.md's
+scheduling table.
 """
 
 from __future__ import annotations
@@ -12,13 +17,27 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from conduit.cli.profile import _costs_json
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn
+from rich.table import Table
+
+from conduit.core import Policy, Schedule, feasible_schedules
 from conduit.scheduling.model import Prediction, predict
 from conduit.scheduling.profiler import ProfileResult, ProfileSettings, interleaved_medians, profile_workload
-from conduit.scheduling.space import Schedule, feasible_schedules
-from conduit.synthetic import SyntheticWorkload
+from conduit.scheduling.workload import SyntheticWorkload
 
-__all__ = ["DimensionReport", "ValidationReport", "mape", "pearson", "validate"]
+__all__ = [
+    "DimensionReport",
+    "ValidationReport",
+    "mape",
+    "pearson",
+    "run_validation",
+    "validate",
+    "validation_markdown",
+]
 
 
 def pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -142,3 +161,80 @@ def validate(
             )
         reports.append(rep)
     return ValidationReport(reports)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3f}"
+
+
+def run_validation(
+    console: Console, fields: dict[str, Any], dims: Sequence[int], g_max: int, quiet: bool
+) -> dict[str, Any]:
+    """Validate the cost model on off-policy workloads of ``fields`` at each of ``dims``: the sweep as JSON.
+
+    ``fields`` are :class:`~conduit.scheduling.workload.SyntheticWorkload` fields (its defaults where absent);
+    ``quiet`` hides the progress line and the table (``--json``).
+    """
+    workloads = [SyntheticWorkload(policy=Policy.OFF_POLICY, **{**fields, "dim": d}) for d in dims]
+    columns = (SpinnerColumn(), TextColumn("{task.description}"))
+    progress = Progress(*columns, console=console, transient=True, disable=quiet)
+    with progress as bar:
+        task = bar.add_task("validating")
+        thorough = ProfileSettings.thorough()  # validation may take minutes
+        rep = validate(workloads, settings=thorough, g_max=g_max, progress=lambda m: bar.update(task, description=m))
+    rows = []
+    for d in rep.dimensions:
+        best_s, best = d.best_measured
+        rows.append({
+            "dim": d.workload.dim, "configs": len(d.rows), "best_schedule": best_s.to_json(), "best_t_iter_s": best,
+            "auto_schedule": d.auto.schedule.to_json() if d.auto else None, "auto_t_iter_s": d.auto_measured,
+            "auto_vs_best": d.auto_vs_best, "model_schedule": d.profile.model_choice.schedule.to_json(),
+            "model_vs_best_in_sweep": d.model_vs_best, "top8_match": d.topk_match(8), "top8_overlap": d.topk_overlap(8),
+            "costs": _costs_json(d.profile.costs),
+            "rows": [{"schedule": s.to_json(), "predicted_s": p, "measured_s": m} for s, p, m in d.rows],
+            "rematch_s": [{"schedule": s.to_json(), "measured_s": m} for s, m in d.rematch.items()],
+            "verified_s": [{"schedule": s.to_json(), "measured_s": m} for s, m in d.profile.verified.items()],
+        })
+    doc = {"pearson_r": rep.pearson_r, "mape_pct": rep.mape, "dimensions": rows}
+    if not quiet:
+        t = Table(title=f"Cost model vs measurement: Pearson r = {rep.pearson_r:.3f}, MAPE = {rep.mape:.1f}%")
+        cols = (
+            "dim", "configs", "best measured ms", "auto measured ms", "auto/best", "model's own/best",
+            "top-8 order", "top-8 overlap",
+        )
+        for col in cols:
+            t.add_column(col, justify="right")
+        for row in rows:
+            t.add_row(
+                str(row["dim"]), str(row["configs"]), _ms(row["best_t_iter_s"]), _ms(row["auto_t_iter_s"]),
+                f"{row['auto_vs_best']:.3f}", f"{row['model_vs_best_in_sweep']:.3f}",
+                "yes" if row["top8_match"] else "no", f"{row['top8_overlap']:.0%}",
+            )
+        console.print(t)
+    return doc
+
+
+def validation_markdown(doc: dict[str, Any]) -> str:
+    """The validation as BENCHMARKS.md's scheduling table (``conduit bench all`` writes it)."""
+
+    def sched(x: dict[str, Any]) -> str:
+        i, d = x["ingestion"], x["delivery"]
+        return (
+            f"ingestion {'overlap' if i['overlap'] else 'inline'} g={i['granularity']}, "
+            f"delivery {'overlap' if d['overlap'] else 'inline'} g={d['granularity']}"
+        )
+
+    lines = [
+        "## Scheduling: the cost model against measurement\n",
+        f"Pearson r = {doc['pearson_r']:.3f}, MAPE = {doc['mape_pct']:.1f}% over "
+        f"{sum(d['configs'] for d in doc['dimensions'])} configurations.\n",
+        "| dim | configs | best measured | automatic choice (sweep) | auto/best | model's own/best | top-8 overlap |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for d in doc["dimensions"]:
+        lines.append(
+            f"| {d['dim']:,} | {d['configs']} | {sched(d['best_schedule'])}: {d['best_t_iter_s'] * 1e3:.2f} ms | "
+            f"{sched(d['auto_schedule'])}: {d['auto_t_iter_s'] * 1e3:.2f} ms | {d['auto_vs_best']:.3f} | "
+            f"{d['model_vs_best_in_sweep']:.3f} | {d['top8_overlap']:.0%} |"
+        )
+    return "\n".join(lines) + "\n"

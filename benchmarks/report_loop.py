@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
-from conduit.bench.report import TableData, Target
-from conduit.scheduling.space import Policy
-from conduit.synthetic import DRIFT, CostKind
+from benchmarks.loop_results import ConfigResult, SyntheticResult, WorkloadResult
+from benchmarks.report import TableData, Target
+from conduit.core import Policy
+from conduit.scheduling.workload import DRIFT, CostKind
 
-if TYPE_CHECKING:
-    from conduit.bench.loop_results import ConfigResult, SyntheticResult, WorkloadResult
+__all__ = ["LOOP_QUESTION", "loop_json", "loop_tables", "loop_targets"]
 
-__all__ = ["loop_tables", "loop_targets"]
+#: the question the synthetic loop's targets answer
+LOOP_QUESTION = "The synthetic loop's exposed latency"
 
 COST_LABEL = {
     CostKind.COMPUTE: "update burns the CPU (torch matmuls)",
@@ -30,7 +31,7 @@ def _scope(w: WorkloadResult) -> str:
 
 
 def loop_targets(result: SyntheticResult) -> list[Target]:
-    """Issue 6: the automatic plan's exposed-latency cut vs inline (>= 70% off-policy at dim >= 1,000)."""
+    """The automatic plan's exposed-latency cut vs inline (>= 70% off-policy at dim >= 1,000)."""
     out = []
     for w in result.workloads:
         wl = w.workload
@@ -42,8 +43,15 @@ def loop_targets(result: SyntheticResult) -> list[Target]:
         else:
             name = f"on-policy, {COST_LABEL[wl.cost]}: exposed-latency cut vs inline (paper: up to 97%)"
             threshold = None
-        out.append(Target(6, name, _scope(w), value, threshold, False, "reduction"))
+        out.append(Target(LOOP_QUESTION, name, _scope(w), value, threshold, False, "reduction"))
     return out
+
+
+def loop_json(result: SyntheticResult) -> dict[str, Any]:
+    """The synthetic loop's JSON: the result's records and the targets."""
+    doc = result.to_json()
+    doc["targets"] = [t.to_json() for t in loop_targets(result)]
+    return doc
 
 
 def _cell(c: ConfigResult | None) -> str:
@@ -144,9 +152,9 @@ def loop_tables(result: SyntheticResult) -> list[TableData]:
     tables.append(
         TableData(
             "Targets: Conduit auto vs inline, exposed experience-path latency",
-            ["issue", "criterion", "workload", "cut", "verdict"],
+            ["question", "criterion", "workload", "cut", "verdict"],
             [
-                [f"#{t.issue}", t.name, t.scope, "–" if t.value is None else f"{t.value:.0%}", t.verdict]
+                [t.question, t.name, t.scope, "–" if t.value is None else f"{t.value:.0%}", t.verdict]
                 for t in targets
             ],
             notes,

@@ -1,22 +1,30 @@
-"""The synthetic stress test (the paper's, after Reverb's): an actor/learner loop.
+"""The stand-in training loop ``conduit profile`` measures: an actor/learner loop of configurable size and cost.
+
+``conduit profile`` answers "which schedule does this machine want" without a
+user's loop, so it needs a loop to run schedules on. This one is kept in the
+library on purpose — a plain install must be able to profile — and it is small:
+the workload record, a calibrated compute burn, and the loop itself. The
+benchmark harness (``benchmarks/``, in a source checkout) builds its comparisons
+with Reverb-, GEAR- and RLlib-style buffers on the same loop; the runtime's own
+planner (:mod:`conduit.scheduling.auto`) profiles the user's live loop instead.
 
 Transitions are float32 ``obs``/``next_obs`` of a configurable dimension, an
-int64 ``action``, a float32 ``reward`` and a bool ``done``. Rollout and update
-costs are configurable: ``compute`` burns CPU with torch matmuls (a learner
-update on a CPU competes with Conduit's workers for the cores) and ``sleep``
-releases the CPU the way a GPU learner or a remote actor would.
+int64 ``action``, a float32 ``reward`` and a bool ``done`` (the paper's synthetic
+stress test, after Reverb's). Rollout and update costs are configurable:
+``compute`` burns CPU with torch matmuls (a learner update on a CPU competes with
+Conduit's workers for the cores) and ``sleep`` releases the CPU the way a GPU
+learner or a remote actor would.
 
-The loop is the same for every schedule: off-policy, each iteration rolls out
-one unit, pushes it, pulls one batch and updates on it; on-policy, each
-iteration rolls out ``U`` units, then updates on every mini-batch. Its
-per-iteration wall time, minus the rollout and update costs measured alone, is
-the exposed experience-path latency (DESIGN.md §4). Making each pushed unit
-unique (:func:`_stamped`) is the benchmark's own doing, neither rollout nor
-experience path, so its time is left out of every iteration's.
+Off-policy, each iteration rolls out one unit, pushes it, pulls one batch and
+updates on it; on-policy, each iteration rolls out ``U`` units, then updates on
+every mini-batch. An iteration's wall time, minus the rollout and update costs
+measured alone, is the exposed experience-path latency (DESIGN.md §4). Making each
+pushed unit unique (:func:`_stamped`) is the loop's own bookkeeping, neither
+rollout nor experience path, so its time is left out of every iteration's.
 
-The synthetic actor stands for one that builds fresh arrays every rollout, so
-it hands its units over (``copy_on_push=False``): :func:`run_loop` restamps a
-unit of its pool only once the unit has certainly been ingested.
+The stand-in actor builds fresh arrays every rollout, so it hands its units over
+(``copy_on_push=False``): :func:`run_loop` restamps a unit of its pool only once the
+unit has certainly been ingested.
 """
 
 from __future__ import annotations
@@ -31,8 +39,8 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from conduit.config import ConduitConfig
+from conduit.core import Policy, Schedule
 from conduit.runtime import Conduit
-from conduit.scheduling.space import Policy, Schedule
 from conduit.scheduling.steady import period, steady_time
 from conduit.spec import ExperienceSpec
 
@@ -50,7 +58,7 @@ __all__ = [
 K = TypeVar("K")
 
 #: how far a burn measured alone may move — from its target, or between two measurements — before a report says
-#: the machine's speed moved (this host's jitter stays within it; its speed changes of 1.5x do not)
+#: the machine's speed moved (a quiet host's jitter stays within it; a busy host's speed changes do not)
 DRIFT = 0.15
 
 
@@ -62,9 +70,9 @@ class CostKind(str, Enum):
 class Burner:
     """Spends a calibrated number of milliseconds of torch compute (or sleeps).
 
-    The compute is a chain of ``size x size`` matmuls (~0.1-0.3 ms each at 256 on
-    two cores): op granularity like a learner's layers, so the loop hands the
-    GIL back and forth as often as a real update does, not every few microseconds.
+    The compute is a chain of ``size x size`` matmuls: op granularity like a
+    learner's layers, so the loop hands the GIL back and forth as often as a real
+    update does, not every few microseconds.
     """
 
     _calibration: ClassVar[dict[int, float]] = {}
@@ -79,10 +87,8 @@ class Burner:
 
     @classmethod
     def recalibrate(cls, size: int = 256) -> None:
-        """Measure a matmul's cost again: this host's speed moves (0.21 against 0.33 ms per 256x256 matmul,
-        switching within seconds), and a burn calibrated once per process drifts from its target for good
-        (in one sweep a 2 ms rollout burned 1.14 ms, in another an 8 ms update 11.6). A sweep calls this
-        before each workload."""
+        """Measure a matmul's cost again: a shared host's speed moves within seconds, and a burn calibrated once
+        per process drifts from its target for good. A sweep calls this before each workload."""
         cls._calibration.pop(size, None)
         Burner(CostKind.COMPUTE, size)
 
@@ -159,7 +165,7 @@ class SyntheticWorkload:
                 policy=self.policy, train_batch_size=self.train_batch_size, rollout_unit_size=self.unit_size,
                 num_minibatches=self.num_minibatches, num_epochs=self.num_epochs, seed=self.seed,
             )
-        base["copy_on_push"] = False  # the synthetic actor hands its units over (module docstring)
+        base["copy_on_push"] = False  # the stand-in actor hands its units over (module docstring)
         base.update(overrides)
         return ConduitConfig(**base)
 
@@ -199,8 +205,7 @@ class LoopResult:
     def steady(self) -> float:
         """Time per iteration: the median over whole periods of their mean (see :mod:`conduit.scheduling.steady`).
 
-        Not the median iteration: with ``g > 1`` that drops the iterations that
-        do the work (measured: 14.7 ms for a schedule whose mean is 16.2 ms).
+        Not the median iteration: with ``g > 1`` that drops the iterations that do the work.
         """
         return steady_time(self.t_iter, self.period)
 
@@ -211,9 +216,8 @@ class LoopResult:
 def _stamped(pool: list[dict[str, torch.Tensor]], k: int) -> dict[str, torch.Tensor]:
     """The pool's next unit with its first observation column set to ``k``: every pushed row differs.
 
-    Measured in this VM: a ring of byte-identical repeated units made random
-    gathers up to 10x slower (the host merges identical pages); real rollouts
-    never repeat, so neither does the synthetic one.
+    A ring of byte-identical repeated units gathers far slower on a VM whose host
+    merges identical pages; real rollouts never repeat, so neither does this one.
     """
     unit = pool[k % len(pool)]
     unit["obs"][:, 0] = float(k)
@@ -254,7 +258,7 @@ def run_loop(
     if len(pool) < need:  # grown in place: callers share one pool across runs, so it is generated once
         pool.extend(workload.with_(seed=workload.seed + 1).units(need - len(pool)))
     cfg = workload.config(timeout_s=120.0)
-    edp = runtime_factory(cfg, schedule) if runtime_factory else Conduit(cfg, schedule=schedule, tracer=tracer)
+    edp = runtime_factory(cfg, schedule) if runtime_factory else Conduit(cfg.pinned_to(schedule), tracer=tracer)
     result = LoopResult(schedule, period=period(schedule, workload.policy))
     iterations = -(-max(1, iterations) // result.period) * result.period
     k = 0
@@ -317,12 +321,10 @@ def bracketed_exposed(runs: Sequence[tuple[K, float]], alone: Sequence[float]) -
 
     ``runs`` are ``(configuration, time per iteration)`` in the order they ran (a configuration is any key) and
     ``alone[i]``, ``alone[i + 1]`` the alone costs measured just before and just
-    after run ``i`` (so ``len(alone) == len(runs) + 1``). This host's speed moves
-    within seconds (100 matmuls of 256x256: 0.21 ms each in some stretches,
-    0.33 in others), by more than a compute-bound loop's exposed latency; alone
-    costs taken once per repeat charged a run made in a slow stretch to the
-    experience path (in run Q one schedule cut 33% as the plan and 88% as the
-    "overlap g=1" row of the same run).
+    after run ``i`` (so ``len(alone) == len(runs) + 1``). A shared host's speed moves
+    within seconds by more than a compute-bound loop's exposed latency, and alone
+    costs taken once per repeat would charge a run made in a slow stretch to the
+    experience path.
     """
     if len(alone) != len(runs) + 1:
         raise ValueError(f"{len(runs)} runs need {len(runs) + 1} alone measurements around them, got {len(alone)}")

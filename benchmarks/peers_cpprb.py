@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from conduit.bench.peers import Case, MicroData, Op, Peer, Role, Sampling
+from benchmarks.peers import Case, MicroData, Op, Peer, Role, Sampling
 
 __all__ = ["CpprbPeer"]
 

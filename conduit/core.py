@@ -1,9 +1,13 @@
-"""Feasible scheduling spaces (DESIGN.md §4, the paper's §4.3 and Fig. 10).
+"""The vocabulary every layer shares: policies, schedules, feasible spaces, sampler and remover kinds.
 
-Two knobs per operator: *timing* (``overlap``: run inline at push/pull, or on
-the worker overlapped with rollout/update) and *granularity* ``g`` (how many
-rollout units / training batches one invocation handles; a fraction pipelines
-one on-policy iteration mini-batch by mini-batch).
+This module imports nothing of Conduit, so the runtime, the configuration, the
+checkpoints and the planner above them all speak the same records.
+
+Schedules (DESIGN.md §4, the paper's §4.3 and Fig. 10) have two knobs per operator:
+*timing* (``overlap``: run inline at push/pull, or on the worker overlapped with
+rollout/update) and *granularity* ``g`` (how many rollout units / training batches one
+invocation handles; a fraction pipelines one on-policy iteration mini-batch by
+mini-batch).
 
 Granularities are :class:`fractions.Fraction` so ``k/M`` is exact.
 
@@ -23,8 +27,11 @@ from enum import Enum
 from fractions import Fraction
 
 __all__ = [
+    "INLINE",
     "Mode",
     "Policy",
+    "RemoverKind",
+    "SamplerKind",
     "Schedule",
     "as_granularity",
     "delivery_space",
@@ -39,6 +46,24 @@ class Policy(str, Enum):
 
     OFF_POLICY = "off_policy"
     ON_POLICY = "on_policy"
+
+
+class SamplerKind(str, Enum):
+    """How off-policy delivery selects rows (Reverb's selectors)."""
+
+    UNIFORM = "uniform"
+    PRIORITIZED = "prioritized"
+    FIFO = "fifo"
+    LIFO = "lifo"
+
+
+class RemoverKind(str, Enum):
+    """Which rows a full off-policy buffer evicts for new ones."""
+
+    FIFO = "fifo"
+    LIFO = "lifo"
+    UNIFORM = "uniform"
+    PRIORITIZED = "prioritized"
 
 
 def as_granularity(value: float | int | str | Fraction) -> Fraction:
@@ -70,6 +95,10 @@ class Mode:
     def to_json(self) -> dict[str, object]:
         return {"overlap": self.overlap, "granularity": str(self.granularity)}
 
+    @classmethod
+    def from_json(cls, d: dict[str, object]) -> Mode:
+        return cls(bool(d["overlap"]), as_granularity(d["granularity"]))  # type: ignore[arg-type]
+
 
 @dataclass(frozen=True, order=True)
 class Schedule:
@@ -83,6 +112,14 @@ class Schedule:
 
     def to_json(self) -> dict[str, object]:
         return {"ingestion": self.ingestion.to_json(), "delivery": self.delivery.to_json()}
+
+    @classmethod
+    def from_json(cls, d: dict[str, dict[str, object]]) -> Schedule:
+        return cls(Mode.from_json(d["ingestion"]), Mode.from_json(d["delivery"]))
+
+
+#: both paths inline at g = 1: an RLlib-style buffer, what a user runs without a plan
+INLINE = Schedule(Mode(False, Fraction(1)), Mode(False, Fraction(1)))
 
 
 def ingestion_space(policy: Policy, num_minibatches: int = 1, g_max: int = 4) -> tuple[Fraction, ...]:

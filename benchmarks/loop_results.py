@@ -1,6 +1,6 @@
 """Settings and results of the synthetic loop benchmark: plain records, JSON-ready.
 
-Kept apart from :mod:`conduit.bench.loop`, which runs the loop, so reports and
+Kept apart from :mod:`benchmarks.loop`, which runs the loop, so reports and
 tests can build and read results without running anything.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from conduit.core import Policy, Schedule
 from conduit.scheduling.model import Prediction
-from conduit.scheduling.space import Policy, Schedule
-from conduit.synthetic import CostKind, SyntheticWorkload
+from conduit.scheduling.workload import CostKind, SyntheticWorkload
 
 __all__ = [
     "ConfigResult",
@@ -166,12 +166,10 @@ class SyntheticResult:
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        from conduit.bench.report_loop import loop_targets
-
+        """The measured records; :func:`benchmarks.report_loop.loop_json` adds the targets."""
         return {
             "settings": self.settings.to_json(),
             "machine": self.machine,
             "seconds": self.seconds,
             "workloads": [w.to_json() for w in self.workloads],
-            "targets": [t.to_json() for t in loop_targets(self)],
         }

@@ -1,0 +1,333 @@
+"""The ingestion path: actors push rollout units; the graph turns them into buffer rows.
+
+Graph: ``[hook] -> buffer_write`` (processing, transfer). With the identity hook
+the graph writes the ``g`` units as parts without concatenating them first, and
+the push validates them eagerly, so bad input is rejected at the offending
+``push`` before anything is queued.
+
+Timing (``overlap``): inline runs an invocation in the pushing thread as soon as
+``g`` units are pending; overlapped hands units to the path's worker, and a push
+waits (bounded) while ``g`` units are already pending, so ingestion lags rollouts
+by at most ``g`` units. A push whose write is deferred that way copies its unit
+first (``copy_on_push``, the default): the actor owns its arrays again when push
+returns, as with any replay buffer. ``copy=False`` hands the arrays over, for
+actors that build fresh ones per rollout.
+
+Granularity ``0 < g < 1`` (on-policy) splits each unit into pieces of
+``ceil(g·rows)`` rows, one invocation each — but not a unit the buffer says to
+write whole (:attr:`~conduit.buffers.base.Ticket.closes`).
+
+What differs between the policies — back-pressure, the iteration a unit joins,
+sealing — is the buffer's (:mod:`conduit.buffers.base`): this path never asks which
+buffer it feeds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from conduit.buffers.base import ANYWHERE, ExperienceBuffer, Ticket
+from conduit.core import Mode
+from conduit.executor import FailureBox, StreamSet, adopt, fail, mark_producers, wait_until
+from conduit.hooks import ACTOR, EXPERIENCE_BUFFER, Reader, Writer
+from conduit.operators import FnOperator, HookOperator, Operator, OperatorKind, Packet
+from conduit.paths.base import DataPath
+from conduit.spec import Data, as_tensors, batch_size_of, rows_of
+from conduit.trace import Tracer
+
+__all__ = ["IngestionPath", "IngestionStats", "Piece"]
+
+HookFn = Callable[[Reader, Writer], object]
+
+
+@dataclass
+class Piece:
+    """A pushed unit, or a piece of one, waiting to be written."""
+
+    data: dict[str, torch.Tensor]
+    rows: int
+    #: the unit's last piece (the unit counts as ingested once it is written)
+    unit_end: bool
+    ticket: Ticket = ANYWHERE
+    #: the pushing thread's CUDA streams at push time (None for host data): the writer waits for them
+    producers: dict[torch.device, torch.cuda.Event] | None = None
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """What one ingestion invocation writes (the packet's record)."""
+
+    granularity: float
+    ticket: Ticket
+
+    def facts(self) -> dict[str, object]:
+        """What a hook reads as ``actor_in.info``."""
+        return {"granularity": self.granularity, "iteration": self.ticket.iteration}
+
+
+def _own(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A private copy of a pushed unit (same devices), so the actor may reuse its arrays."""
+    return {k: v.clone() for k, v in tensors.items()}
+
+
+@dataclass
+class IngestionStats:
+    pushed_units: int = 0
+    pushed_rows: int = 0
+    ingested_rows: int = 0
+    invocations: int = 0
+    blocked_s: float = 0.0  # time pushes waited on back-pressure
+    push_s: float = 0.0  # total time spent inside push (exposed ingestion latency)
+
+
+class IngestionPath(DataPath):
+    """Runs the ingestion graph inline or on its worker."""
+
+    name = "ingestion"
+
+    def __init__(
+        self,
+        *,
+        mode: Mode,
+        buffer: ExperienceBuffer,
+        hook: HookFn | None,
+        tracer: Tracer,
+        failure: FailureBox,
+        timeout: float,
+        stream_device: torch.device,
+        copy_on_push: bool = True,
+    ) -> None:
+        ops: list[Operator] = []
+        if hook is not None:
+            ops.append(HookOperator("hook", hook, ACTOR, EXPERIENCE_BUFFER))
+        ops.append(FnOperator("buffer_write", OperatorKind.TRANSFER, self._write))
+        super().__init__(mode=mode, failure=failure, timeout=timeout, tracer=tracer, operators=ops)
+        self.buffer = buffer
+        self.copy_on_push = copy_on_push
+        self.queue: deque[Piece] = deque()
+        self.pending_units = 0
+        self.flushing = 0
+        self.stats = IngestionStats()
+        self._identity = hook is None
+        self._group, self._group_for = 1, None
+        self.streams = StreamSet(stream_device)
+        self.start()
+
+    def wake(self) -> None:
+        """Room to push opened (the buffer's ``on_room``): wake pushes waiting for it."""
+        with self.cond:
+            self.cond.notify_all()
+
+    # -- granularity ----------------------------------------------------------
+    @property
+    def group_units(self) -> int:
+        """Units (or pieces) one invocation takes (cached: Fraction arithmetic is slow on the hot path)."""
+        if self._group_for is not self.mode:
+            g = self.mode.granularity
+            self._group = int(g) if g >= 1 else 1
+            self._group_for = self.mode
+        return self._group
+
+    def _split(self, tensors: dict[str, torch.Tensor], rows: int) -> list[dict[str, torch.Tensor]]:
+        """A unit as the pieces one invocation each writes: itself, or row pieces at a fractional granularity."""
+        if not self.mode.overlap or self.group_units > 1 or self.mode.granularity == 1:
+            return [tensors]
+        step = max(1, math.ceil(rows * self.mode.granularity))
+        chunks = {k: torch.split(v, step) for k, v in tensors.items()}
+        return [{k: c[i] for k, c in chunks.items()} for i in range(len(next(iter(chunks.values()))))]
+
+    # -- push -----------------------------------------------------------------
+    def _defers(self) -> bool:
+        """Whether a unit pushed now may be read after its push returns (on the worker, or with its group)."""
+        return self.mode.overlap or self.group_units > 1
+
+    def push(self, data: Data, timeout: float | None = None, copy: bool | None = None) -> None:
+        t0 = time.perf_counter()
+        self.failure.check()
+        if self._identity:
+            tensors = self.buffer.validate([data])[0]  # bad input fails here, nothing queued
+            rows = rows_of(tensors)
+            if self._push_direct(tensors, rows):
+                self.stats.push_s += time.perf_counter() - t0
+                return
+        else:
+            tensors = as_tensors(data)
+            rows = batch_size_of(tensors)
+        copy = self.copy_on_push if copy is None else copy
+        copied = copy and self._defers()
+        if copied:
+            tensors = _own(tensors)
+        timeout = self.timeout if timeout is None else timeout
+        buffer = self.buffer
+        with self.cond:
+            t_wait = time.perf_counter()
+            if not buffer.room(rows):
+                buffer.refuse(rows)  # raises where the buffer's back-pressure does not wait
+            wait_until(
+                self.cond, lambda: buffer.room(rows) and self.pending_units < self.group_units, timeout,
+                self.failure, lambda: buffer.describe_room(rows) if not buffer.room(rows) else self._describe_lag(),
+            )
+            self.stats.blocked_s += time.perf_counter() - t_wait
+            if copy and not copied and self._defers():  # the schedule switched while this push waited
+                tensors = _own(tensors)
+            parts = self._split(tensors, rows)
+            ticket = buffer.admit(rows, len(parts))
+            if ticket.pieces == 1 and len(parts) > 1:  # the buffer writes this unit whole
+                parts = [tensors]
+            producers = mark_producers(tensors)
+            last = len(parts) - 1
+            self.queue.extend(
+                Piece(p, rows_of(p) if len(parts) > 1 else rows, i == last, ticket, producers)
+                for i, p in enumerate(parts)
+            )
+            self.pending_units += 1
+            self.stats.pushed_units += 1
+            self.stats.pushed_rows += rows
+            self.cond.notify_all()
+        if not self.mode.overlap:
+            self._drain_inline(flush=False)
+        self.stats.push_s += time.perf_counter() - t0
+
+    def _push_direct(self, tensors: dict[str, torch.Tensor], rows: int) -> bool:
+        """Inline, no hook, g = 1, free admission, nobody tracing, nothing queued: write now.
+
+        The graph's one operator here (the buffer write; push has validated the
+        data already) without queueing a piece and draining it, so a push costs
+        little more than its copy. Returns False, having changed nothing, to
+        take the general path.
+        """
+        if self.mode.overlap or not self.buffer.free_admission or self.group_units != 1 or self.graph.tracer.enabled:
+            return False
+        with self._invoke_locks[0]:  # held by whoever pauses this path, so no write starts then
+            with self._lock:
+                if self.queue or self._paused or self.mode.overlap:
+                    return False
+                self.stats.pushed_units += 1
+                self.stats.pushed_rows += rows
+            t0 = time.perf_counter()
+            try:
+                n = self.buffer.store([tensors], ANYWHERE, validated=True)
+            except Exception as exc:
+                fail(self.failure, "ingestion operator", exc)
+            self.graph.timings.append((time.perf_counter() - t0, 1.0))
+            self.graph.invocations += 1
+            with self._lock:
+                self.stats.invocations += 1
+                self.stats.ingested_rows += n
+                self.cond.notify_all()
+        return True
+
+    def _describe_lag(self) -> str:
+        return (
+            f"ingestion to catch up ({self.pending_units} unit(s) pending, granularity {self.mode.granularity}); "
+            "the ingestion worker is stalled"
+        )
+
+    # -- invocations ----------------------------------------------------------
+    def _take_group(self, flush: bool) -> list[Piece] | None:
+        """Pop the next invocation's pieces (caller holds cond): ``g`` units, or one piece of an iteration."""
+        queue = self.queue
+        if not queue:
+            return None
+        if queue[0].ticket.iteration is not None:  # on-policy: a piece an invocation, never across iterations
+            return [queue.popleft()]
+        g = self.group_units
+        if len(queue) >= g:
+            return [queue.popleft() for _ in range(g)]
+        if flush:
+            return [queue.popleft() for _ in range(len(queue))]
+        return None
+
+    def _claim_work(self) -> list[Piece] | None:
+        return self._take_group(self.flushing > 0)
+
+    def _work(self, group: list[Piece]) -> None:
+        with self.streams.active():
+            self._invoke(group)
+
+    def _drain_inline(self, flush: bool) -> None:
+        with self._invoke_locks[0]:
+            while True:
+                with self.cond:
+                    group = self._take_group(flush)
+                if group is None:
+                    return
+                self._invoke(group)
+
+    def _invoke(self, group: list[Piece]) -> None:
+        for p in group:  # on the worker's stream: after the actor's kernels that produced the unit
+            adopt(p.data, p.producers)
+        granularity = float(self.mode.granularity)
+        packet = Packet([p.data for p in group], Invocation(granularity, group[0].ticket))
+        try:
+            self.graph.run(packet, granularity)
+        except Exception as exc:
+            fail(self.failure, "ingestion operator", exc)
+        with self.cond:
+            self.stats.invocations += 1
+            self.pending_units -= sum(1 for p in group if p.unit_end)
+            self.cond.notify_all()
+        for p in group:  # outside cond: sealing an iteration notifies the delivery path
+            self.buffer.stored(p.ticket)
+
+    def _write(self, packet: Packet) -> Packet:
+        if not packet.parts:
+            return packet  # the hook filtered everything out
+        invocation: Invocation = packet.record
+        n = self.buffer.store(packet.parts, invocation.ticket, validated=self._identity)
+        with self.cond:
+            self.stats.ingested_rows += n
+        return packet
+
+    # -- flush / switch -------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> None:
+        """Ingest everything pushed so far, including a partial group."""
+        timeout = self.timeout if timeout is None else timeout
+        if not self.mode.overlap:
+            self._drain_inline(flush=True)
+            return
+        with self.cond:
+            self.flushing += 1
+            self.cond.notify_all()
+            try:
+                wait_until(
+                    self.cond, lambda: self.pending_units == 0 and not self.queue, timeout, self.failure,
+                    lambda: f"ingestion to flush {self.pending_units} pending unit(s)",
+                )
+            finally:
+                self.flushing -= 1
+
+    def _before_switch(self, timeout: float) -> None:
+        self.flush(timeout)  # everything pushed so far is ingested under the old mode
+
+    def _after_switch(self) -> None:
+        if not self.mode.overlap:
+            self._drain_inline(flush=False)  # units pushed while switching
+
+    # -- state ----------------------------------------------------------------
+    def state_dict(self) -> dict[str, object]:
+        """Units pushed (acknowledged) but not yet ingested, on the host (caller has paused the path)."""
+        with self.cond:  # pushes still queue while paused: take the queue and its unit count together
+            queued, pending_units = list(self.queue), self.pending_units
+        pieces = []
+        for p in queued:
+            adopt(p.data, p.producers)  # a unit pushed from CUDA memory: after the actor's kernels that wrote it
+            pieces.append({
+                "data": {k: v.cpu() for k, v in p.data.items()}, "rows": p.rows, "unit_end": p.unit_end,
+                "ticket": tuple(p.ticket),
+            })
+        return {"pieces": pieces, "pending_units": pending_units}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        with self.cond:
+            for p in state["pieces"]:  # type: ignore[attr-defined]
+                ticket = Ticket(*p["ticket"]) if "ticket" in p else ANYWHERE
+                self.queue.append(Piece(p["data"], int(p["rows"]), bool(p["unit_end"]), ticket))
+            self.pending_units += int(state["pending_units"])  # type: ignore[call-overload]
+            self.cond.notify_all()

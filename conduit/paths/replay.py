@@ -1,0 +1,198 @@
+"""Off-policy delivery: ``g`` training batches sampled from the replay ring per invocation."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from conduit.batch import BatchInfo, DrawnRows
+from conduit.buffers.replay import ReplayBuffer, Sampled
+from conduit.errors import RateLimited
+from conduit.paths.delivery import Claim, DeliveryPath, Place, Staged
+
+__all__ = ["ReplayClaim", "ReplayDelivery"]
+
+
+@dataclass(eq=False)
+class ReplayClaim(Claim):
+    """An off-policy invocation: its number (a batch's ``iteration``) and, once gathered, its draw."""
+
+    invocation: int = 0
+    drawn: Sampled | None = None
+
+    def place(self, part: int) -> Place:
+        return Place(self.invocation)
+
+    def provenance(self, part: int) -> tuple[DrawnRows, np.ndarray | None]:
+        s = self.drawn
+        assert s is not None
+        if len(self.sizes) == 1:
+            return s.rows, s.weights
+        n = self.sizes[0]
+        sl = slice(part * n, (part + 1) * n)
+        return s.rows[sl], None if s.weights is None else s.weights[sl]
+
+    def facts(self) -> dict[str, object]:
+        out = super().facts()
+        out["invocation"] = self.invocation
+        if self.drawn is not None:
+            out.update(weights=self.drawn.weights, indices=self.drawn.indices, ids=self.drawn.ids)
+        return out
+
+
+class ReplayDelivery(DeliveryPath):
+    """Off-policy: sample ``g·B`` rows per invocation from the replay ring."""
+
+    buffer: ReplayBuffer
+
+    def __init__(self, *, buffer: ReplayBuffer, batch_size: int, batch_pool: int = 0, **kw: Any) -> None:
+        super().__init__(buffer=buffer, **kw)
+        self.batch_size = batch_size
+        self.batch_pool = batch_pool
+        self._pools: list[deque[dict[str, torch.Tensor]]] = [deque() for _ in self.devices]
+        if batch_pool:  # the explicit ring decides
+            self._memory = [None] * len(self.devices)
+        self.limiter = buffer.limiter
+        self._invocation = 0
+        self._whole: tuple[Any, int] = (None, 1)
+        # which learners the storage's rows already sit on, redone only when the storage object changes
+        # (placed, or migrated): comparing torch devices on every pull would cost more than the pull's bookkeeping
+        self._local_for: object = None
+        self._local_learners = [False] * len(self.devices)
+        # without a delivery hook (which reads rows where the buffer keeps them), a GPU learner's rows are
+        # gathered straight onto its device: from host memory through pinned staging (an async DMA), where a host
+        # gather then the transfer operator's copy would be a pageable, synchronous one (BENCHMARKS.md, "GPU")
+        self._gather_to = [d if d.type == "cuda" and self._hookless else None for d in self.devices]
+
+    def _whole_g(self) -> int:
+        """``int(self.mode.granularity)``, remembered per mode (off-policy granularities are whole numbers)."""
+        cached = self._whole  # one tuple, replaced whole: a concurrent pull never pairs a mode with another's g
+        mode = self.mode
+        if cached[0] is not mode:
+            cached = self._whole = (mode, int(mode.granularity))
+        return cached[1]
+
+    @property
+    def min_rows(self) -> int:
+        return self.limiter.min_size
+
+    # -- what an invocation is ------------------------------------------------------------
+    def _ready(self, learner: int) -> bool:
+        return self.buffer.can_sample(self._whole_g() * self.batch_size)
+
+    def _begin(self, learner: int, sampled_at_pull: int, handed: bool) -> ReplayClaim:
+        g, n = self._whole_g(), self.batch_size
+        reserved = (g - 1) * n if handed else g * n  # a batch handed at once is counted when it is (_counted)
+        if reserved:
+            self.limiter.reserve(reserved)
+        invocation = self._invocation
+        self._invocation = invocation + 1
+        return ReplayClaim(learner, sampled_at_pull, self.mode, (n,) * g, reserved, invocation=invocation)
+
+    def _local(self, learner: int) -> bool:
+        storage = self.buffer.storage
+        if storage is not self._local_for:
+            # the list first: a concurrent pull that sees the new storage also sees its list
+            self._local_learners = [storage is not None and storage.devices == (d,) for d in self.devices]
+            self._local_for = storage
+        return self._local_learners[learner] or self._gather_to[learner] is not None
+
+    def _gather(self, claim: Claim) -> list[dict[str, torch.Tensor]]:  # type: ignore[override]
+        """``g`` training batches from one draw (recorded on the claim).
+
+        One batch: gathered into the memory :meth:`_recycled` offers. Several, of small
+        transitions (no field large enough for recycled memory): one gather of ``g·B``
+        rows split into views, a kernel call a field instead of ``g``. Otherwise one
+        gather a batch into its own memory (:meth:`ReplayBuffer.sample_split`: one
+        ``g·B`` allocation above glibc's mmap ceiling would page-fault afresh every time).
+        """
+        assert isinstance(claim, ReplayClaim)
+        learner, sizes = claim.learner, claim.sizes
+        buffer, to = self.buffer, self._gather_to[learner]
+        n = sizes[0]
+        if len(sizes) == 1:
+            s = buffer.draw(n, to, self._recycled(learner, n))
+            parts = [s.data]
+        else:
+            outs = [self._recycled(learner, n) for _ in sizes]
+            if any(o is not None for o in outs):
+                parts, s = buffer.sample_split(list(sizes), to, outs)
+            else:
+                s = buffer.draw(n * len(sizes), to, None)
+                parts = [{k: v[i * n : (i + 1) * n] for k, v in s.data.items()} for i in range(len(sizes))]
+        claim.drawn = s
+        claim.buffer_version = s.version
+        return parts
+
+    def _recycled(self, learner: int, rows: int) -> dict[str, torch.Tensor] | None:
+        """Memory for the next batch: released host memory (default), or the ``batch_pool`` ring.
+
+        Default on the CPU: memory of batches the learner has dropped (``BatchMemory``;
+        nothing alive is ever overwritten). With ``batch_pool``: the oldest of this
+        learner's ``batch_pool`` buffers (plus room for staging) — a batch stays valid
+        for ``batch_pool - 1`` further pulls, then its memory receives a new batch.
+        """
+        memory = self._memory[learner]
+        spec = self.buffer.spec
+        if memory is not None:
+            return memory.take(spec, rows) if spec is not None else None
+        if not self.batch_pool or spec is None:
+            return None
+        ring = self._pools[learner]
+        # one buffer per batch: the learner's last ``batch_pool`` batches, plus the
+        # invocation's other g - 1 staged ones, plus one prefetched invocation ahead
+        depth = self.batch_pool + self._whole_g() - 1 + (1 if self.mode.overlap else 0)
+        if len(ring) >= depth:
+            out = ring.popleft()
+            first = next(iter(out.values()))
+            f = next(iter(spec))
+            if first.shape[0] == rows and tuple(first.shape[1:]) == f.shape and len(out) == len(spec):
+                ring.append(out)
+                return out
+        out = {f.name: torch.empty((rows, *f.shape), dtype=f.dtype, device=self.devices[learner]) for f in spec}
+        ring.append(out)
+        return out
+
+    def _refuse(self, learner: int) -> None:
+        if self.buffer.refuses_sampling():
+            raise RateLimited(f"a batch now would break the sample/insert ratio ({self.limiter.describe()})")
+
+    def _counted(self, learner: int, info: BatchInfo, reserved: bool) -> None:
+        rows = len(info.rows)
+        if reserved:
+            self.limiter.commit(rows)
+        else:  # handed over in the invocation that sampled it: no reservation between
+            self.limiter.sampled(rows)
+        buffer = self.buffer
+        if buffer.max_times_sampled is not None:  # else nothing is counted per row (and the arrays stay unmade)
+            buffer.delivered(info.indices, info.ids)
+        buffer.counted()  # actors may be waiting for learners to sample
+
+    def _abandon(self, claim: Claim) -> None:
+        if claim.reserved:
+            self.limiter.release(claim.reserved)
+
+    def _unstage(self, learner: int, item: Staged) -> None:
+        self.limiter.release(len(item.info.rows))
+
+    def _describe_wait(self, learner: int) -> str:
+        return (
+            f"a batch for learner {learner}: the buffer holds {self.buffer.size} rows and sampling starts at "
+            f"{self.min_rows} (min_size_to_sample); push more rollouts, or flush() units still pending ingestion; "
+            f"rate limiter: {self.limiter.describe()}"
+        )
+
+    # -- state ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "invocation": self._invocation}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        with self._lock:
+            self._invocation = int(state["invocation"])
+            # staged batches were counted as reserved when they were made
+            self.limiter.reserve(sum(len(s.info.rows) for q in self.staged for s in q))

@@ -13,6 +13,8 @@ makes ``conduit bench ...`` find it, and ``python -m benchmarks ...`` runs the s
   targets, tables and the JSON documents (pure functions).
 - :mod:`~benchmarks.validate` — the cost model against measurement
   (``conduit bench validate``).
+- :mod:`~benchmarks.summary` — BENCHMARKS.md's tables, one per question, from a
+  saved ``conduit bench all --save-json`` document (``conduit bench summary``).
 - :mod:`~benchmarks.cli` — the typer app behind ``conduit bench``.
 - :mod:`~benchmarks.timing` — interleaved repeats, medians.
 - :mod:`~benchmarks.plot` — figures (matplotlib, from the ``bench`` extra).

@@ -9,7 +9,10 @@
 - ``conduit bench validate`` — the cost model against measurement: every
   feasible schedule of the synthetic loop per dimension, predicted vs measured.
 - ``conduit bench all`` — all three with their defaults: the one command behind every
-  table in BENCHMARKS.md (``--markdown`` writes them, ``--plot-dir`` the figures).
+  table in BENCHMARKS.md (``--markdown`` writes them, ``--plot-dir`` the figures,
+  ``--save-json`` the results).
+- ``conduit bench summary RESULTS.json`` — the short page from a saved ``bench all``
+  document: one table per question, each figure a median with its spread.
 
 From a source checkout ``python -m benchmarks ...`` runs the same commands.
 
@@ -20,12 +23,13 @@ From a source checkout ``python -m benchmarks ...`` runs the same commands.
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import typer
 from rich.console import Console
@@ -40,9 +44,11 @@ from benchmarks.micro import ALL_PEERS, MicroResult, MicroSettings, run_micro
 from benchmarks.peers import PEERS
 from benchmarks.report import TableData, micro_json, micro_tables
 from benchmarks.report_loop import loop_json, loop_tables
+from benchmarks.summary import summary_markdown
 from benchmarks.validate import run_validation, validation_markdown
+from benchmarks.validate import validate as validation_sweep
 from conduit.core import Policy
-from conduit.scheduling.workload import CostKind
+from conduit.scheduling.workload import CostKind, SyntheticWorkload
 from conduit.trace import Tracer
 
 app = typer.Typer(
@@ -335,12 +341,30 @@ def validate(
         cost=cost,
     )
     console = Console(stderr=as_json)
-    doc = run_validation(console, fields, _ints(dims, "--dims"), g_max, as_json)
+    dim_list = _ints(dims, "--dims")
+    doc = run_validation(console, fields, dim_list, g_max, as_json)
+    doc["settings"] = validation_settings(fields, dim_list, g_max)
     if markdown is not None:
         markdown.write_text(validation_markdown(doc))
         console.print(f"[dim]markdown: {markdown}[/dim]")
     if as_json:
         _dump(doc)
+
+
+def validation_settings(fields: dict[str, Any], dims: tuple[int, ...] | list[int], g_max: int) -> dict[str, Any]:
+    """What :func:`run_validation` swept with: the workload's fields (its defaults where absent) and the rounds."""
+    w = SyntheticWorkload(policy=Policy.OFF_POLICY, **fields)
+    sweep = inspect.signature(validation_sweep).parameters  # run_validation leaves these at their defaults
+    return {
+        "dims": list(dims),
+        "g_max": g_max,
+        **{k: getattr(w, k) for k in ("batch_size", "unit_size", "capacity", "rollout_ms", "update_ms")},
+        "cost": w.cost.value,
+        **{k: sweep[k].default for k in ("iterations", "sweep_rounds", "rematch_rounds", "rematch_top")},
+    }
+
+
+VALIDATION_DIMS, VALIDATION_G_MAX = (128, 1000, 5000, 10000), 3  # what `conduit bench all` validates at
 
 
 @app.command("all")
@@ -357,6 +381,10 @@ def all_(
         True, "--validation/--no-validation",
         help="Also validate the cost model (conduit bench validate --g-max 3).",
     ),
+    save_json: Path | None = typer.Option(
+        None, "--save-json", dir_okay=False,
+        help="Also write the --json document here (tables still print): the input of `conduit bench summary`.",
+    ),
 ) -> None:
     """Every benchmark with its defaults: reproduces the micro, synthetic and scheduling tables in BENCHMARKS.md."""
     _check_plot(plot_dir)
@@ -365,7 +393,16 @@ def all_(
     synthetic_result = run_synthetic_cli(console, SyntheticSettings(), as_json, trace)
     mtables, ltables = micro_tables(micro_result), loop_tables(synthetic_result)
     _emit(console, mtables + ltables, as_json)
-    doc = run_validation(console, {}, [128, 1000, 5000, 10000], 3, as_json) if validation else None
+    doc = None
+    if validation:
+        doc = run_validation(console, {}, VALIDATION_DIMS, VALIDATION_G_MAX, as_json)
+        doc["settings"] = validation_settings({}, VALIDATION_DIMS, VALIDATION_G_MAX)
+    results = {"micro": micro_json(micro_result), "synthetic": loop_json(synthetic_result), "validation": doc}
+    if save_json is not None:  # first: a figure that fails to draw must not cost the run's numbers
+        save_json.parent.mkdir(parents=True, exist_ok=True)
+        with save_json.open("w") as f:
+            _dump(results, f)
+        console.print(f"[dim]json: {save_json} (conduit bench summary {save_json} renders the short page)[/dim]")
     if markdown is not None:
         text = markdown_document(micro_result, synthetic_result)
         markdown.write_text(text + ("\n" + validation_markdown(doc) if doc is not None else ""))
@@ -378,9 +415,33 @@ def all_(
         plot_synthetic(synthetic_result, plot_dir / "bench_synthetic.png")
         console.print(f"[dim]plots: {plot_dir}/bench_micro.png, {plot_dir}/bench_synthetic.png[/dim]")
     if as_json:
-        _dump({"micro": micro_json(micro_result), "synthetic": loop_json(synthetic_result), "validation": doc})
+        _dump(results)
 
 
-def _dump(doc: dict[str, Any]) -> None:
-    json.dump(doc, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
+@app.command("summary")
+def summary(
+    results: Path = typer.Argument(
+        ..., exists=True, dir_okay=False, readable=True, metavar="RESULTS.json",
+        help="A saved `conduit bench all --json` (or --save-json) document; one command's own --json works too.",
+    ),
+    out: Path | None = typer.Option(None, "--out", dir_okay=False, help="Write the Markdown here (default: stdout)."),
+) -> None:
+    """The short page: one table per question, each figure a median over the repeats with its spread."""
+    try:
+        text = summary_markdown(json.loads(results.read_text()))
+    except KeyError as exc:
+        raise typer.BadParameter(f"{results}: an incomplete benchmark document (no {exc} field)") from exc
+    except (ValueError, TypeError, AttributeError) as exc:  # JSONDecodeError is a ValueError
+        raise typer.BadParameter(f"{results}: {exc}") from exc
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        Console(stderr=True).print(f"[dim]summary: {out}[/dim]")
+
+
+def _dump(doc: dict[str, Any], stream: TextIO | None = None) -> None:
+    stream = sys.stdout if stream is None else stream
+    json.dump(doc, stream, indent=2, default=str)
+    stream.write("\n")

@@ -74,7 +74,8 @@ class DrawnRows:
         return ids
 
     def __len__(self) -> int:
-        return len(self._indices) if self._indices is not None else len(self._tensor)  # type: ignore[arg-type]
+        # a tensor's shape, not len(tensor): Tensor.__len__ is Python code, on every pull's count
+        return len(self._indices) if self._indices is not None else self._tensor.shape[0]  # type: ignore[union-attr]
 
     def __getitem__(self, part: slice) -> DrawnRows:
         """The rows of one batch of a multi-batch draw, still unmade where these are."""

@@ -3,8 +3,10 @@
 #   1. conduit bench all   — micro-benchmark, synthetic loop, cost-model validation (~50 min on 2 cores),
 #      then the micro-benchmark once more with one transition per push (~3 min)
 #   2. the RLlib tables    — DQN convergence on CartPole, large observations, DQN/PPO side by side (~13 min)
-# Sets up .venv with the bench and rllib extras first (scripts/bootstrap.sh). Writes the tables, in the
-# order of BENCHMARKS.md, to OUT (default bench-results.md) and the figures next to it.
+# Sets up .venv with the bench and rllib extras first (scripts/bootstrap.sh). Writes to OUT (default
+# bench-results.md): first the summary (`conduit bench summary`: one table per question, medians with their
+# spread), then every table in the order of BENCHMARKS.md; the figures and bench-all.json (the results of
+# `conduit bench all`, the summary's input) next to it.
 #   scripts/bench-all.sh [OUT.md] [--only-rllib | --no-rllib]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,9 +27,12 @@ figures="$(dirname "$out")"
 : >"$out"
 
 if [ "$conduit_part" = 1 ]; then
-  echo "bench-all: conduit bench all (tables -> $out, figures -> $figures)" >&2
+  results="$figures/bench-all.json"
+  echo "bench-all: conduit bench all (tables -> $out, figures -> $figures, results -> $results)" >&2
   part=$(mktemp)
-  .venv/bin/conduit bench all --markdown "$part" --plot-dir "$figures"
+  .venv/bin/conduit bench all --markdown "$part" --plot-dir "$figures" --save-json "$results"
+  .venv/bin/conduit bench summary "$results" >>"$out"
+  printf '\n' >>"$out"
   cat "$part" >>"$out"
   # a loop that adds every environment step as it comes (the issues' tables push chunks of 256)
   .venv/bin/conduit bench micro --chunk 1 --dims 17,128,1000 --markdown "$part"

@@ -132,7 +132,7 @@ def migration_check(
                 batch = edp.pull()
                 ok &= batch["obs"].device.type == "cuda" and rows_ok({k: batch[k] for k in FIELDS}, firsts, used)
             buf = edp.buffer
-            assert isinstance(buf, conduit.buffer.ReplayBuffer)
+            assert isinstance(buf, conduit.buffers.ReplayBuffer)
             with buf.lock:
                 contents = buf.contents()
                 ids = torch.from_numpy(buf.ids[: buf.size].copy())

@@ -46,7 +46,7 @@ class DataPath(ABC):
         operators: Sequence[Operator],
         lanes: int = 1,
     ) -> None:
-        self.mode = mode
+        self._use_mode(mode)
         self.failure = failure
         self.timeout = timeout
         # the condition's lock by name: ``with self._lock`` enters and leaves in C, ``with self.cond`` through two
@@ -60,6 +60,18 @@ class DataPath(ABC):
         self._working = 0  # worker invocations in flight
         self.worker: Worker | None = None
         self.graph = Graph(self.name, operators, tracer)
+
+    def _use_mode(self, mode: Mode) -> None:
+        """Adopt ``mode`` (caller holds cond, or the path is not running yet).
+
+        Its numbers are kept as plain attributes beside it, because Fraction arithmetic
+        is Python code and every push and pull reads them.
+        """
+        g = mode.granularity
+        #: units (ingestion) or training batches (off-policy delivery) one invocation takes; 1 below g = 1
+        self.g_units = int(g) if g >= 1 else 1
+        self.g_float = float(g)
+        self.mode = mode
 
     # -- the worker -------------------------------------------------------------------
     def start(self) -> None:
@@ -129,7 +141,7 @@ class DataPath(ABC):
         self._before_switch(timeout)
         with self.cond:
             old, self.worker = self.worker, None
-            self.mode = mode  # a retiring worker sees the new mode and claims nothing more
+            self._use_mode(mode)  # a retiring worker sees the new mode and claims nothing more
             self.cond.notify_all()
         if old is not None:
             old.stop(timeout)

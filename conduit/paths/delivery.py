@@ -53,16 +53,18 @@ HookFn = Callable[[Reader, Writer], object]
 
 
 class Place(NamedTuple):
-    """Where a batch sits in its policy's order (the BatchInfo fields that differ between the policies)."""
+    """A batch's place in its policy's order and its rows: the BatchInfo fields that differ between the policies."""
 
     iteration: int
-    epoch: int | None = None
-    minibatch: int | None = None
-    num_minibatches: int | None = None
-    last: bool = False
+    epoch: int | None
+    minibatch: int | None
+    num_minibatches: int | None
+    last: bool
+    rows: DrawnRows
+    weights: np.ndarray | None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Claim:
     """One claimed invocation: what it delivers, and (once gathered) the rows it drew.
 
@@ -82,10 +84,7 @@ class Claim:
     buffer_version: int = -1
 
     def place(self, part: int) -> Place:
-        raise NotImplementedError
-
-    def provenance(self, part: int) -> tuple[DrawnRows, np.ndarray | None]:
-        """Batch ``part``'s rows and importance weights (after the gather)."""
+        """Batch ``part``'s place, rows and importance weights (after the gather)."""
         raise NotImplementedError
 
     def facts(self) -> dict[str, object]:
@@ -152,7 +151,6 @@ class DeliveryPath(DataPath):
         self.stats = DeliveryStats()
         self.streams = [StreamSet(d) for d in self.devices]
         self._hookless = hook is None
-        self._g: tuple[Mode | None, float] = (None, 1.0)
 
     def memory(self, learner: int) -> BatchMemory | None:
         """The recycled host memory ``learner``'s batches are gathered into (None: fresh memory every pull)."""
@@ -187,8 +185,9 @@ class DeliveryPath(DataPath):
     def _gather(self, claim: Claim) -> list[dict[str, torch.Tensor]]:
         """Gather the claimed rows, one part per training batch where it can (records the draw on ``claim``)."""
 
-    def _counted(self, learner: int, info: BatchInfo, reserved: bool) -> None:
-        """A batch reached ``learner``: count it (outside cond); ``reserved``: its rows were reserved when claimed."""
+    def _counted(self, learner: int, info: BatchInfo, rows: int, reserved: bool) -> None:
+        """A batch of ``rows`` reached ``learner``: count it (outside cond); ``reserved``: its rows were reserved
+        when claimed."""
 
     def _abandon(self, claim: Claim) -> None:
         """An invocation failed: give back what :meth:`_begin` claimed."""
@@ -207,7 +206,6 @@ class DeliveryPath(DataPath):
     def _info(self, claim: Claim, part: int, pull_index: int = -1, version_at_delivery: int = -1) -> BatchInfo:
         """Batch ``part`` of ``claim``'s provenance; a staged batch's pull index and version are set at hand-over."""
         place = claim.place(part)
-        rows, weights = claim.provenance(part)
         return BatchInfo(
             learner=claim.learner,
             pull_index=pull_index,
@@ -218,8 +216,8 @@ class DeliveryPath(DataPath):
             minibatch=place.minibatch,
             num_minibatches=place.num_minibatches,
             last=place.last,
-            rows=rows,
-            weights=weights,
+            rows=place.rows,
+            weights=place.weights,
             mode=claim.mode,
             version_at_delivery=version_at_delivery,
         )
@@ -238,17 +236,11 @@ class DeliveryPath(DataPath):
             stats.delivered_rows += claim.sizes[0]
         return claim, index
 
-    def _granularity(self, mode: Mode) -> float:
-        """``float(mode.granularity)``, remembered per mode (a Fraction's conversion is Python code)."""
-        cached = self._g  # one tuple, replaced whole: a concurrent caller never pairs a mode with another's g
-        if cached[0] is not mode:
-            cached = self._g = (mode, float(mode.granularity))
-        return cached[1]
-
     def _invoke(self, claim: Claim) -> list[dict[str, torch.Tensor]]:
         """Run one invocation: the operators' functions directly without a hook or tracing, else the graph."""
         graph = self.graph
-        g = self._granularity(claim.mode)
+        mode = claim.mode  # the mode it was claimed under (a switch may have come since)
+        g = self.g_float if mode is self.mode else float(mode.granularity)
         try:
             if self._hookless and not graph.tracer.enabled:  # the hot path: no packet, no spans
                 t0 = time.perf_counter()
@@ -384,7 +376,7 @@ class DeliveryPath(DataPath):
         info = self._info(claim, 0, index, self.buffer.inserted)
         # counted before the invocation lock goes: a checkpoint (which pauses delivery by taking the lock)
         # then never sees this pull's index without its rows counted
-        self._counted(learner, info, reserved=False)
+        self._counted(learner, info, claim.sizes[0], False)
         return Batch(parts[0], info)
 
     def _pull_staged(self, learner: int, deadline: tuple[float, float]) -> Batch | None:
@@ -435,7 +427,7 @@ class DeliveryPath(DataPath):
         try:
             handoff(item.data, item.event)
             info = item.info._replace(pull_index=index, version_at_delivery=self.buffer.inserted)
-            self._counted(learner, info, reserved=True)
+            self._counted(learner, info, len(info.rows), True)
         finally:
             with self._lock:
                 self.handing -= 1

@@ -115,7 +115,6 @@ class IngestionPath(DataPath):
         self.flushing = 0
         self.stats = IngestionStats()
         self._identity = hook is None
-        self._group, self._group_for = 1, None
         self.streams = StreamSet(stream_device)
         self.start()
 
@@ -127,16 +126,12 @@ class IngestionPath(DataPath):
     # -- granularity ----------------------------------------------------------
     @property
     def group_units(self) -> int:
-        """Units (or pieces) one invocation takes (cached: Fraction arithmetic is slow on the hot path)."""
-        if self._group_for is not self.mode:
-            g = self.mode.granularity
-            self._group = int(g) if g >= 1 else 1
-            self._group_for = self.mode
-        return self._group
+        """Units (or pieces) one invocation takes."""
+        return self.g_units
 
     def _split(self, tensors: dict[str, torch.Tensor], rows: int) -> list[dict[str, torch.Tensor]]:
         """A unit as the pieces one invocation each writes: itself, or row pieces at a fractional granularity."""
-        if not self.mode.overlap or self.group_units > 1 or self.mode.granularity == 1:
+        if not self.mode.overlap or self.g_units > 1 or self.mode.granularity == 1:
             return [tensors]
         step = max(1, math.ceil(rows * self.mode.granularity))
         chunks = {k: torch.split(v, step) for k, v in tensors.items()}
@@ -145,7 +140,7 @@ class IngestionPath(DataPath):
     # -- push -----------------------------------------------------------------
     def _defers(self) -> bool:
         """Whether a unit pushed now may be read after its push returns (on the worker, or with its group)."""
-        return self.mode.overlap or self.group_units > 1
+        return self.mode.overlap or self.g_units > 1
 
     def push(self, data: Data, timeout: float | None = None, copy: bool | None = None) -> None:
         t0 = time.perf_counter()
@@ -170,7 +165,7 @@ class IngestionPath(DataPath):
             if not buffer.room(rows):
                 buffer.refuse(rows)  # raises where the buffer's back-pressure does not wait
             wait_until(
-                self.cond, lambda: buffer.room(rows) and self.pending_units < self.group_units, timeout,
+                self.cond, lambda: buffer.room(rows) and self.pending_units < self.g_units, timeout,
                 self.failure, lambda: buffer.describe_room(rows) if not buffer.room(rows) else self._describe_lag(),
             )
             self.stats.blocked_s += time.perf_counter() - t_wait
@@ -202,7 +197,7 @@ class IngestionPath(DataPath):
         little more than its copy. Returns False, having changed nothing, to
         take the general path.
         """
-        if self.mode.overlap or not self.buffer.free_admission or self.group_units != 1 or self.graph.tracer.enabled:
+        if self.mode.overlap or not self.buffer.free_admission or self.g_units != 1 or self.graph.tracer.enabled:
             return False
         with self._invoke_locks[0]:  # held by whoever pauses this path, so no write starts then
             with self._lock:
@@ -237,7 +232,7 @@ class IngestionPath(DataPath):
             return None
         if queue[0].ticket.iteration is not None:  # on-policy: a piece an invocation, never across iterations
             return [queue.popleft()]
-        g = self.group_units
+        g = self.g_units
         if len(queue) >= g:
             return [queue.popleft() for _ in range(g)]
         if flush:
@@ -263,7 +258,7 @@ class IngestionPath(DataPath):
     def _invoke(self, group: list[Piece]) -> None:
         for p in group:  # on the worker's stream: after the actor's kernels that produced the unit
             adopt(p.data, p.producers)
-        granularity = float(self.mode.granularity)
+        granularity = self.g_float
         packet = Packet([p.data for p in group], Invocation(granularity, group[0].ticket))
         try:
             self.graph.run(packet, granularity)

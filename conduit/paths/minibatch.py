@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from conduit.batch import BatchInfo, DrawnRows
@@ -15,7 +14,7 @@ from conduit.paths.delivery import Claim, DeliveryPath, Place
 __all__ = ["MinibatchClaim", "MinibatchDelivery"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class MinibatchClaim(Claim):
     """An on-policy invocation: consecutive mini-batch positions of one iteration (``epoch · M + minibatch``)."""
 
@@ -28,13 +27,10 @@ class MinibatchClaim(Claim):
 
     def place(self, part: int) -> Place:
         pos, m = self.positions[part], self.num_minibatches
-        return Place(self.iteration, pos // m, pos % m, m, pos == self.per_iteration - 1)
-
-    def provenance(self, part: int) -> tuple[DrawnRows, np.ndarray | None]:
-        return self.rows[part], None
+        return Place(self.iteration, pos // m, pos % m, m, pos == self.per_iteration - 1, self.rows[part], None)
 
     def facts(self) -> dict[str, object]:
-        return {**super().facts(), "iteration": self.iteration, "positions": list(self.positions)}
+        return {**Claim.facts(self), "iteration": self.iteration, "positions": list(self.positions)}
 
 
 class MinibatchDelivery(DeliveryPath):
@@ -80,8 +76,7 @@ class MinibatchDelivery(DeliveryPath):
             num_minibatches=m, per_iteration=self.per_iteration,
         )
 
-    def _gather(self, claim: Claim) -> list[dict[str, torch.Tensor]]:  # type: ignore[override]
-        assert isinstance(claim, MinibatchClaim)
+    def _gather(self, claim: MinibatchClaim) -> list[dict[str, torch.Tensor]]:  # type: ignore[override]
         buffer = self.buffer
         it = buffer.iterations[claim.iteration]
         assert it.plan is not None
@@ -104,7 +99,7 @@ class MinibatchDelivery(DeliveryPath):
         claim.buffer_version = buffer.inserted
         return parts
 
-    def _counted(self, learner: int, info: BatchInfo, reserved: bool) -> None:
+    def _counted(self, learner: int, info: BatchInfo, rows: int, reserved: bool) -> None:
         self.buffer.delivered(info.iteration, learner)
 
     def _describe_wait(self, learner: int) -> str:

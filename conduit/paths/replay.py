@@ -6,10 +6,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from conduit.batch import BatchInfo, DrawnRows
+from conduit.batch import BatchInfo
 from conduit.buffers.replay import ReplayBuffer, Sampled
 from conduit.errors import RateLimited
 from conduit.paths.delivery import Claim, DeliveryPath, Place, Staged
@@ -17,7 +16,7 @@ from conduit.paths.delivery import Claim, DeliveryPath, Place, Staged
 __all__ = ["ReplayClaim", "ReplayDelivery"]
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ReplayClaim(Claim):
     """An off-policy invocation: its number (a batch's ``iteration``) and, once gathered, its draw."""
 
@@ -25,19 +24,16 @@ class ReplayClaim(Claim):
     drawn: Sampled | None = None
 
     def place(self, part: int) -> Place:
-        return Place(self.invocation)
-
-    def provenance(self, part: int) -> tuple[DrawnRows, np.ndarray | None]:
         s = self.drawn
         assert s is not None
         if len(self.sizes) == 1:
-            return s.rows, s.weights
+            return Place(self.invocation, None, None, None, False, s.rows, s.weights)
         n = self.sizes[0]
         sl = slice(part * n, (part + 1) * n)
-        return s.rows[sl], None if s.weights is None else s.weights[sl]
+        return Place(self.invocation, None, None, None, False, s.rows[sl], None if s.weights is None else s.weights[sl])
 
     def facts(self) -> dict[str, object]:
-        out = super().facts()
+        out = Claim.facts(self)
         out["invocation"] = self.invocation
         if self.drawn is not None:
             out.update(weights=self.drawn.weights, indices=self.drawn.indices, ids=self.drawn.ids)
@@ -58,7 +54,6 @@ class ReplayDelivery(DeliveryPath):
             self._memory = [None] * len(self.devices)
         self.limiter = buffer.limiter
         self._invocation = 0
-        self._whole: tuple[Any, int] = (None, 1)
         # which learners the storage's rows already sit on, redone only when the storage object changes
         # (placed, or migrated): comparing torch devices on every pull would cost more than the pull's bookkeeping
         self._local_for: object = None
@@ -68,24 +63,17 @@ class ReplayDelivery(DeliveryPath):
         # gather then the transfer operator's copy would be a pageable, synchronous one (BENCHMARKS.md, "GPU")
         self._gather_to = [d if d.type == "cuda" and self._hookless else None for d in self.devices]
 
-    def _whole_g(self) -> int:
-        """``int(self.mode.granularity)``, remembered per mode (off-policy granularities are whole numbers)."""
-        cached = self._whole  # one tuple, replaced whole: a concurrent pull never pairs a mode with another's g
-        mode = self.mode
-        if cached[0] is not mode:
-            cached = self._whole = (mode, int(mode.granularity))
-        return cached[1]
-
     @property
     def min_rows(self) -> int:
         return self.limiter.min_size
 
     # -- what an invocation is ------------------------------------------------------------
     def _ready(self, learner: int) -> bool:
-        return self.buffer.can_sample(self._whole_g() * self.batch_size)
+        buffer = self.buffer  # ReplayBuffer.can_sample, one call shorter on every pull
+        return self.limiter.can_sample(self.g_units * self.batch_size, buffer.table.count)
 
     def _begin(self, learner: int, sampled_at_pull: int, handed: bool) -> ReplayClaim:
-        g, n = self._whole_g(), self.batch_size
+        g, n = self.g_units, self.batch_size
         reserved = (g - 1) * n if handed else g * n  # a batch handed at once is counted when it is (_counted)
         if reserved:
             self.limiter.reserve(reserved)
@@ -101,7 +89,7 @@ class ReplayDelivery(DeliveryPath):
             self._local_for = storage
         return self._local_learners[learner] or self._gather_to[learner] is not None
 
-    def _gather(self, claim: Claim) -> list[dict[str, torch.Tensor]]:  # type: ignore[override]
+    def _gather(self, claim: ReplayClaim) -> list[dict[str, torch.Tensor]]:  # type: ignore[override]
         """``g`` training batches from one draw (recorded on the claim).
 
         One batch: gathered into the memory :meth:`_recycled` offers. Several, of small
@@ -110,12 +98,14 @@ class ReplayDelivery(DeliveryPath):
         gather a batch into its own memory (:meth:`ReplayBuffer.sample_split`: one
         ``g·B`` allocation above glibc's mmap ceiling would page-fault afresh every time).
         """
-        assert isinstance(claim, ReplayClaim)
         learner, sizes = claim.learner, claim.sizes
         buffer, to = self.buffer, self._gather_to[learner]
         n = sizes[0]
         if len(sizes) == 1:
-            s = buffer.draw(n, to, self._recycled(learner, n))
+            memory = self._memory[learner]  # _recycled's first case, a call shorter on every pull
+            spec = buffer.spec
+            out = memory.take(spec, n) if memory is not None and spec is not None else self._recycled(learner, n)
+            s = buffer.draw(n, to, out)
             parts = [s.data]
         else:
             outs = [self._recycled(learner, n) for _ in sizes]
@@ -145,7 +135,7 @@ class ReplayDelivery(DeliveryPath):
         ring = self._pools[learner]
         # one buffer per batch: the learner's last ``batch_pool`` batches, plus the
         # invocation's other g - 1 staged ones, plus one prefetched invocation ahead
-        depth = self.batch_pool + self._whole_g() - 1 + (1 if self.mode.overlap else 0)
+        depth = self.batch_pool + self.g_units - 1 + (1 if self.mode.overlap else 0)
         if len(ring) >= depth:
             out = ring.popleft()
             first = next(iter(out.values()))
@@ -161,16 +151,17 @@ class ReplayDelivery(DeliveryPath):
         if self.buffer.refuses_sampling():
             raise RateLimited(f"a batch now would break the sample/insert ratio ({self.limiter.describe()})")
 
-    def _counted(self, learner: int, info: BatchInfo, reserved: bool) -> None:
-        rows = len(info.rows)
+    def _counted(self, learner: int, info: BatchInfo, rows: int, reserved: bool) -> None:
+        limiter = self.limiter
         if reserved:
-            self.limiter.commit(rows)
+            limiter.commit(rows)
         else:  # handed over in the invocation that sampled it: no reservation between
-            self.limiter.sampled(rows)
+            limiter.sampled(rows)
         buffer = self.buffer
         if buffer.max_times_sampled is not None:  # else nothing is counted per row (and the arrays stay unmade)
             buffer.delivered(info.indices, info.ids)
-        buffer.counted()  # actors may be waiting for learners to sample
+        if limiter.samples_per_insert is not None:
+            buffer.counted()  # actors may be waiting for learners to sample
 
     def _abandon(self, claim: Claim) -> None:
         if claim.reserved:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import typer
 from conduit.cli.main import app
 from typer.testing import CliRunner
 
@@ -502,26 +503,6 @@ def test_the_gpu_scripts_parse_and_say_there_is_nothing_to_check_without_cuda() 
 # -- `conduit bench` where the harness is, and where it is not -------------------------
 ROOT = Path(__file__).resolve().parents[1]
 
-#: a wheel's view: `import benchmarks` fails, and no checkout lies beside the installed package; each invocation
-#: of ``ARGS`` runs in this one process, its exit code printed
-ABSENT = """
-import sys
-import conduit
-
-conduit.__file__ = {fake!r}  # cli/harness.py looks for the checkout beside the package: here, an empty folder
-sys.modules["benchmarks"] = None  # and the harness cannot be imported from anywhere
-from conduit.cli import harness as bench
-from conduit.cli.main import app
-
-assert bench.load_harness() is None and "benchmarks.cli" not in sys.modules
-for args in {invocations!r}:
-    try:
-        app(args, prog_name="conduit")
-    except SystemExit as e:
-        print(e.code)
-        print("--- end of invocation ---", file=sys.stderr)
-"""
-
 ABSENT_INVOCATIONS = [
     ["bench"],
     ["bench", "--help"],
@@ -537,37 +518,47 @@ def _python(code: str, *args: str, cwd: Path | None = None) -> subprocess.Comple
     )
 
 
-def test_bench_without_the_harness_says_where_it_is_and_exits_1(tmp_path) -> None:
-    """Every invocation (bare, --help, a command, a command with a bad option) says where the harness is."""
-    fake = tmp_path / "site-packages" / "conduit" / "__init__.py"
-    done = _python(ABSENT.format(fake=str(fake), invocations=ABSENT_INVOCATIONS), cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["1"] * len(ABSENT_INVOCATIONS), (done.stdout, done.stderr)
-    messages = done.stderr.split("--- end of invocation ---")[: len(ABSENT_INVOCATIONS)]
-    for args, message in zip(ABSENT_INVOCATIONS, messages):
-        assert "benchmark harness (benchmarks/) ships with the source, not the wheel" in message, args
-        assert 'pip install -e ".[bench]"' in message and "python -m benchmarks" in message, args
-    assert "Traceback" not in done.stderr
+def _conduit(bench: typer.Typer) -> typer.Typer:
+    """``conduit`` with this ``bench`` (what cli/main.py assembles)."""
+    from conduit.cli.main import app as main
+
+    root = typer.Typer()
+    for command in main.registered_commands:
+        root.registered_commands.append(command)
+    root.add_typer(bench, name="bench")
+    return root
 
 
-def test_a_harness_that_fails_to_import_leaves_the_other_commands_working(tmp_path) -> None:
-    code = """
-import sys
-sys.modules["benchmarks.report"] = None  # the harness is there, but one of its modules cannot be imported
-from conduit.cli.main import app
-for args in (["bench", "micro", "--dims", "8"], ["plan", "--help"]):
-    try:
-        app(args, prog_name="conduit")
-    except SystemExit as e:
-        print("EXIT", e.code)
-"""
-    done = _python(code, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    codes = [line for line in done.stdout.splitlines() if line.startswith("EXIT ")]
-    assert codes == ["EXIT 1", "EXIT 0"], (done.stdout, done.stderr)
-    assert "Usage: conduit plan" in done.stdout
-    assert "the benchmark harness (benchmarks/) failed to import" in done.stderr and "benchmarks.report" in done.stderr
-    assert "Traceback" not in done.stderr
+def test_bench_without_the_harness_says_where_it_is_and_exits_1(tmp_path, monkeypatch) -> None:
+    """A wheel's view: `import benchmarks` fails, no checkout lies beside the package; every invocation (bare,
+    --help, a command, a command with a bad option) says where the harness is."""
+    from conduit.cli import harness
+
+    monkeypatch.setitem(sys.modules, "benchmarks", None)  # the harness cannot be imported from anywhere
+    monkeypatch.setitem(sys.modules, "benchmarks.cli", None)
+    monkeypatch.setattr(harness, "CHECKOUT", tmp_path / "site-packages")  # and no checkout beside the package
+    assert harness.load_harness() is None
+    conduit_app = _conduit(harness._make_app())
+    for args in ABSENT_INVOCATIONS:
+        result = CliRunner().invoke(conduit_app, args, prog_name="conduit")
+        assert result.exit_code == 1, (args, result.output)
+        assert "benchmark harness (benchmarks/) ships with the source, not the wheel" in result.output, args
+        assert 'pip install -e ".[bench]"' in result.output and "python -m benchmarks" in result.output, args
+        assert result.exception is None or isinstance(result.exception, SystemExit), args
+
+
+def test_a_harness_that_fails_to_import_leaves_the_other_commands_working(monkeypatch) -> None:
+    from conduit.cli import harness
+
+    monkeypatch.delitem(sys.modules, "benchmarks.cli", raising=False)
+    monkeypatch.setitem(sys.modules, "benchmarks.report", None)  # the harness is there, a module of it is not
+    conduit_app = _conduit(harness._make_app())  # builds a stand-in instead of raising
+    result = CliRunner().invoke(conduit_app, ["bench", "micro", "--dims", "8"], prog_name="conduit")
+    assert result.exit_code == 1, result.output
+    assert "the benchmark harness (benchmarks/) failed to import" in result.output
+    assert "benchmarks.report" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(conduit_app, ["plan", "--help"], prog_name="conduit")
+    assert result.exit_code == 0 and "Usage: conduit plan" in result.output, result.output
 
 
 def test_bench_finds_the_harness_in_the_checkout_beside_the_package(tmp_path) -> None:
@@ -590,14 +581,17 @@ print(sorted(c.name for c in bench.app.registered_commands))
     assert commands == str(["all", "micro", "summary", "synthetic", "validate"])
 
 
-def test_python_m_benchmarks_runs_the_bench_commands() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT
-    )
-    assert done.returncode == 0, done.stderr
-    assert "python -m benchmarks" in done.stdout
+def test_python_m_benchmarks_runs_the_bench_commands(monkeypatch, capsys) -> None:
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["python -m benchmarks", "--help"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module("benchmarks", run_name="__main__")  # what `python -m benchmarks --help` runs
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "python -m benchmarks" in out
     for command in ("micro", "synthetic", "validate", "all", "summary"):
-        assert command in done.stdout
+        assert command in out
 
 
 # -- the summary page (`conduit bench summary`) -----------------------------------------------------------------------

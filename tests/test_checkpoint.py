@@ -317,7 +317,7 @@ class _Exploit:
     def __init__(self, path: Path) -> None:
         self.path = str(path)
 
-    def __reduce__(self):  # noqa: D105
+    def __reduce__(self):
         return (open, (self.path, "w"))
 
 

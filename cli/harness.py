@@ -22,7 +22,6 @@ import sys
 import traceback
 from pathlib import Path
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -87,7 +86,7 @@ def _stand_in(message: str, help: str) -> typer.Typer:
     """A ``conduit bench`` whose every invocation (any command, options, ``--help``) prints ``message``, exits 1."""
 
     class _Unavailable(TyperGroup):
-        def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
             if ctx.resilient_parsing:  # shell completion: nothing to complete, nothing to say
                 return []
             typer.echo(message, err=True)

@@ -85,3 +85,34 @@ def test_the_wheel_ships_the_library_and_not_the_benchmark_harness(tmp_path):
         "conduit/placement/topologies/a100_8x_nvlink.yaml",
     ):
         assert needed in names, needed
+
+
+#: import name of each declared dependency (pyproject's ``dependencies``), and what is optional by design
+IMPORT_NAMES = {"torch": "torch", "numpy": "numpy", "pydantic": "pydantic", "typer": "typer", "rich": "rich",
+                "scipy": "scipy", "pyyaml": "yaml"}
+OPTIONAL = {"psutil"}  # conduit.placement.live reads host memory from it when installed, else /proc/meminfo
+
+
+def test_the_core_and_the_cli_import_only_declared_dependencies():
+    """A plain install gets only ``dependencies``: an undeclared import (click, which typer no longer brings)
+    breaks ``conduit`` on a fresh machine while this checkout's full environment hides it."""
+    import ast
+    import re
+
+    declared = {
+        IMPORT_NAMES[re.split(r"[<>=!~\[ ]", d, maxsplit=1)[0].lower()]
+        for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
+    allowed = declared | OPTIONAL | set(sys.stdlib_module_names) | {"conduit"}
+    undeclared = []
+    for folder in ("conduit", "cli"):
+        for f in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(f.read_text())):
+                if isinstance(node, ast.Import):
+                    tops = [a.name.split(".")[0] for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    tops = [node.module.split(".")[0]]
+                else:
+                    continue
+                undeclared += [f"{f.relative_to(ROOT)}:{node.lineno}: {t}" for t in tops if t not in allowed]
+    assert undeclared == []

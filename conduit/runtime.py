@@ -278,8 +278,8 @@ class Conduit:
     def seal(self) -> int | None:
         """On-policy: end the iteration being pushed now, even if short of train_batch_size."""
         self._ensure_started()
-        assert self.buffer is not None
-        return self.buffer.seal_open()
+        assert self.ingestion is not None
+        return self.ingestion.seal()
 
     def update_priorities(self, batch: Batch | BatchInfo, priorities: Any) -> int:
         """Prioritized replay: new priorities (e.g. |TD error|) for a delivered batch's rows.
@@ -329,6 +329,8 @@ class Conduit:
     def state_dict(self, *, timeout: float | None = None) -> dict[str, dict[str, Any]]:
         """The buffer's, ingestion's and delivery's state at one consistent point (tensors and primitives only).
 
+        Lock order here: the delivery's condition (``settled``), then the ingestion's, then the buffer's.
+
         Both paths are paused between invocations; learners may still take staged
         batches, so what a pull changes (staged batches, pull counts, the rate limiter,
         rows' sample counts) is read with no pull between taking a batch and counting
@@ -339,18 +341,23 @@ class Conduit:
             assert self.buffer is not None and self.ingestion is not None and self.delivery is not None
             with self.delivery.settled(timeout):
                 delivery = self.delivery.state_dict()
-                buffer = self.buffer.state_dict(rows=False)
+                # pushes still admit and queue while ingestion is paused: what the buffer has admitted (the
+                # rate limiter's inserts, the on-policy push side) and the queue are read in one hold
+                with self.ingestion.cond:
+                    buffer = self.buffer.state_dict(rows=False)
+                    queued = self.ingestion.queued()
             buffer["rows"] = self.buffer.rows_state()
-            ingestion = self.ingestion.state_dict()
+            ingestion = self.ingestion.state_dict(queued)
         return {"buffer": buffer, "ingestion": ingestion, "delivery": delivery}
 
     def load_state_dict(self, state: Mapping[str, dict[str, Any]]) -> None:
         """Continue from :meth:`state_dict` (into a runtime that has not pushed yet)."""
         self.start()
         assert self.buffer is not None and self.ingestion is not None and self.delivery is not None
-        self.buffer.load_state_dict(state["buffer"])
-        self.delivery.load_state_dict(state["delivery"])
-        self.ingestion.load_state_dict(state["ingestion"])
+        with self.quiesced():  # an overlapped worker claims nothing before every component is restored
+            self.buffer.load_state_dict(state["buffer"])
+            self.delivery.load_state_dict(state["delivery"])
+            self.ingestion.load_state_dict(state["ingestion"])
 
     def _manifest(self, state: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
         """What a checkpoint says of itself in plain JSON: what to rebuild the runtime from, and a summary."""

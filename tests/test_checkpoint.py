@@ -345,3 +345,35 @@ def test_a_checkpoint_that_would_run_code_when_loaded_is_refused_and_runs_nothin
         assert not marker.exists()
     torch.load(ck / "buffer.pt", weights_only=False)  # the exploit is real: an unsafe load runs it
     assert marker.exists()
+
+
+def test_what_the_buffer_admitted_and_the_queue_are_read_at_one_point(tmp_path):
+    """A push goes on admitting and queueing while a save holds ingestion still: the rate limiter's inserts and
+    the queued units must be read in one hold, else a unit lands in the saved queue without its insert (or, on-
+    policy, without its iteration's count, and that iteration never seals after a restore)."""
+    import threading
+
+    edp = make(pinned=Schedule(Mode(True, 2), Mode(False, 1)), capacity=4096,
+               rate_limit={"samples_per_insert": 1.0, "tolerance": 4096.0})
+    with edp:
+        edp.push(transitions(8))  # one unit of a group of two: it waits in the queue
+        buffer, pushers = edp.buffer, []
+        real_state = buffer.state_dict
+
+        def state_then_push(**kw):  # an actor's push arrives while the save reads the buffer
+            state = real_state(**kw)
+            if not pushers:
+                t = threading.Thread(target=edp.push, args=(transitions(8, start=800),))
+                t.start()
+                t.join(0.2)
+                pushers.append(t)
+            return state
+
+        buffer.state_dict = state_then_push
+        edp.save(tmp_path / "ckpt")
+        buffer.state_dict = real_state
+        pushers[0].join(5.0)
+        edp.flush()
+    saved = load(tmp_path / "ckpt")[1]
+    queued = sum(int(p["rows"]) for p in saved["ingestion"]["pieces"])
+    assert saved["buffer"]["limiter"]["inserts"] == saved["buffer"]["inserted"] + queued == 8

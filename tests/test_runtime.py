@@ -380,7 +380,7 @@ def test_inline_pushes_keep_the_same_accounts_whether_written_directly_or_throug
 
 @pytest.mark.parametrize("dim", [4, 70_000], ids=["views", "recycled"])  # 8 rows of 70,000 floats: 2.2 MB a field
 def test_inline_batched_pulls_deliver_the_same_batches_directly_or_through_the_graph(dim):
-    """Untraced inline g>1 pulls skip the graph (delivery._pull_direct): same rows, provenance and accounts.
+    """Untraced inline g>1 pulls call the operators directly, not the graph: same rows, provenance and accounts.
 
     Small transitions come as views of one gather; large ones each in their own recycled memory.
     """
@@ -407,3 +407,34 @@ def test_inline_batched_pulls_deliver_the_same_batches_directly_or_through_the_g
     assert [t.tolist() for t in direct[0]] == [t.tolist() for t in graph[0]]  # one draw of 4 batches, same seed
     assert direct[1] == graph[1] == [(k % 4, k // 4, 4 * (k // 4), k) for k in range(8)]
     assert direct[2] == graph[2] == (64, 0, 8, 2)
+
+
+def test_a_seal_racing_a_push_waits_for_the_push_to_be_admitted():
+    """On-policy, a push checks room for the iteration being pushed, then is admitted to it. A ``seal()`` from
+    another thread in between once advanced the iteration, so the push joined one beyond the in-flight bound
+    and the write killed the runtime. The seal now waits until the push is admitted."""
+    edp = Conduit(policy="on_policy", train_batch_size=8, num_minibatches=2, seed=0, timeout_s=5.0)
+    with edp:
+        edp.push(transitions(8))  # iteration 0: sealed, not delivered (in flight)
+        edp.push(transitions(4, start=8))  # iteration 1, open
+        buffer, sealed = edp.buffer, []
+        real_room = buffer.room
+
+        def room_then_seal(rows):  # the pushing thread holds the ingestion's condition here
+            ok = real_room(rows)
+            if not sealed:
+                t = threading.Thread(target=lambda: sealed.append(edp.seal()))
+                t.start()
+                t.join(0.2)  # with the seal waiting for the condition, the thread is still blocked
+                sealed.append(t)
+            return ok
+
+        buffer.room = room_then_seal
+        edp.push(transitions(2, start=12))  # joins iteration 1 (room checked for it), whatever the seal does
+        buffer.room = real_room
+        sealed[0].join(5.0)
+        assert sealed[1] == 1  # the seal ended iteration 1, with the racing push's rows in it
+        first = [b.info.iteration for b in edp.minibatches()]
+        second = list(edp.minibatches())
+        assert first == [0, 0] and [b.info.iteration for b in second] == [1, 1]
+        assert sorted(torch.cat([b["tid"] for b in second]).tolist()) == list(range(8, 14))

@@ -6,7 +6,7 @@ replay, with Reverb's rate limiter as its admission control) and
 iteration, never mixed). Everything that differs between the policies is a method
 here, so the paths and the runtime never ask which buffer they hold.
 
-Push side, in this order (the ingestion path holds its condition for the first three):
+Push side, in this order (the ingestion path holds its condition for the first two):
 
 1. :meth:`~ExperienceBuffer.room` — whether a unit of ``rows`` may be admitted now
    (back-pressure: the rate limiter, or the iterations in flight);
@@ -58,7 +58,6 @@ class ExperienceBuffer(ABC):
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.changed = threading.Condition(self.lock)
         self.inserted = 0  # rows ever written == next transition id == buffer version
         self.migrations = 0  # re-layouts after the spec grew
         #: called (outside the lock) when rows or an iteration became deliverable
@@ -112,9 +111,14 @@ class ExperienceBuffer(ABC):
     def stored(self, ticket: Ticket) -> None:
         """One piece of an admitted unit is written (on-policy: seal an iteration once all of it is in)."""
 
-    def seal_open(self) -> int | None:
-        """End the iteration being pushed now (on-policy); its index, or None when there is nothing to end."""
+    def close_open(self) -> int | None:
+        """End the iteration being pushed now (on-policy; caller holds the ingestion path's condition, as for
+        :meth:`admit`): its index, or None when there is nothing to end. :meth:`seal_closed` seals it."""
         return None
+
+    def seal_closed(self, iteration: int) -> None:
+        """Seal ``iteration``, ended by :meth:`close_open`, if every piece of it is written (outside the
+        ingestion's condition: sealing notifies the delivery path); else :meth:`stored` will."""
 
     # -- replay state the learner feeds back -----------------------------------------
     def update_priorities(self, indices: np.ndarray, ids: np.ndarray, priorities: np.ndarray) -> int:

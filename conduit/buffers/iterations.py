@@ -7,7 +7,7 @@ every part is validated against the spec before any byte is stored.
 
 Units are assigned to an iteration when they are pushed (:meth:`IterationBuffer.admit`):
 an iteration closes with the unit that brings it to ``train_batch_size`` rows (or on
-:meth:`IterationBuffer.seal_open`), and is sealed for delivery once every piece of it
+:meth:`IterationBuffer.close_open`), and is sealed for delivery once every piece of it
 has been written.
 """
 
@@ -150,7 +150,7 @@ class IterationBuffer(ExperienceBuffer):
         if ready is not None:  # outside the lock: sealing notifies the delivery path
             self.seal(ready)
 
-    def seal_open(self) -> int | None:
+    def close_open(self) -> int | None:
         with self.lock:
             if self._push_rows == 0:
                 return None
@@ -162,10 +162,13 @@ class IterationBuffer(ExperienceBuffer):
                 )
             it = self._push_iter
             self._close_push_iteration()
-            ready = self._take_sealable(it)
+            return it
+
+    def seal_closed(self, iteration: int) -> None:
+        with self.lock:
+            ready = self._take_sealable(iteration)
         if ready is not None:
             self.seal(ready)
-        return it
 
     def _close_push_iteration(self) -> None:
         self._closed.add(self._push_iter)
@@ -256,7 +259,6 @@ class IterationBuffer(ExperienceBuffer):
                     it.rows += n
                     self.inserted += n
                 self._order.after_write()
-                self.changed.notify_all()
                 return first, self.inserted - first
         self._write_by_minibatch(it, closing)  # outside the lock: delivery serves the mini-batches already in
         return first, self.expected_rows - closing[0][0]
@@ -321,7 +323,6 @@ class IterationBuffer(ExperienceBuffer):
                 self._order.after_write()
                 if k < m - 1:  # the last mini-batch waits for the seal
                     it.early = k + 1
-                self.changed.notify_all()
             if k < m - 1:
                 self._notify(self.on_data)
 
@@ -380,7 +381,6 @@ class IterationBuffer(ExperienceBuffer):
             if it.remaining is None:  # else set by a mini-batch delivered early (the plan is unchanged then)
                 it.remaining = [self.num_minibatches * self.num_epochs] * self.num_learners
             self.sealed.add(iteration)
-            self.changed.notify_all()
         self._notify(self.on_data)
 
     def current(self) -> Iteration | None:
@@ -441,6 +441,5 @@ class IterationBuffer(ExperienceBuffer):
                 released = True
             else:
                 released = False
-            self.changed.notify_all()
         if released:
             self._notify(self.on_room)

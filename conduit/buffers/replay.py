@@ -142,10 +142,6 @@ class ReplayBuffer(ExperienceBuffer):
         return self.write(parts, validated=validated)[1]
 
     # -- admission (the sampling side) ----------------------------------------------------
-    def can_sample(self, rows: int) -> bool:
-        """Whether ``rows`` may be sampled now: enough rows stored, and the ratio allows it."""
-        return self.limiter.can_sample(rows, self.table.count)
-
     def refuses_sampling(self) -> bool:
         """Whether a sample that the ratio forbids should raise RateLimited instead of waiting."""
         return not self.block and self.table.count >= self.limiter.min_size
@@ -194,7 +190,6 @@ class ReplayBuffer(ExperienceBuffer):
                     self.sampler.on_insert(slots)
                 self.inserted += n
             self._order.after_write()
-            self.changed.notify_all()
         self._notify(self.on_data)
         return first, self.inserted - first
 

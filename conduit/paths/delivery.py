@@ -88,10 +88,11 @@ class Claim:
         raise NotImplementedError
 
     def facts(self) -> dict[str, object]:
-        """What a delivery hook reads as ``exp_in.info``."""
+        """What a delivery hook reads as ``exp_in.info`` (subclasses add their policy's keys)."""
         return {
-            "learner": self.learner, "granularity": float(self.mode.granularity), "sizes": list(self.sizes),
-            "rows": sum(self.sizes), "sampled_at_pull": self.sampled_at_pull, "buffer_version": self.buffer_version,
+            "learner": self.learner, "mode": self.mode, "granularity": float(self.mode.granularity),
+            "sizes": list(self.sizes), "rows": sum(self.sizes), "sampled_at_pull": self.sampled_at_pull,
+            "buffer_version": self.buffer_version,
         }
 
 
@@ -293,14 +294,15 @@ class DeliveryPath(DataPath):
     def _claim_work(self) -> Claim | None:
         idle = [r for r in range(self.num_learners) if not self.staged[r] and not self._busy[r]]
         learner = next((r for r in idle if self._ready(r)), None)
+        self._starved = learner is None and bool(idle)  # someone needs a batch but the buffer cannot serve it yet
         if learner is None:
-            self._starved = bool(idle)  # someone needs a batch but the buffer cannot serve it yet
             return None
         self._busy[learner] = True
         return self._claim(learner, handed=False)[0]
 
     def _idle(self) -> None:
-        starved = self._starved
+        starved = self._starved and self.mode.overlap and not self._paused  # else the worker claimed nothing
+        self._starved = False
         self._data_waiters += starved
         try:
             self.cond.wait(POLL_S)
@@ -309,17 +311,17 @@ class DeliveryPath(DataPath):
 
     def _work(self, claim: Claim) -> None:
         learner = claim.learner
+        staged: list[Staged] = []
         try:
             with self.streams[learner].active():
                 parts = self._invoke(claim)
                 event = self.streams[learner].record()
             staged = [Staged(part, self._info(claim, i), event) for i, part in enumerate(parts)]
         finally:
-            with self._lock:
+            with self._lock:  # in one hold: a pull never sees the learner neither busy nor served
                 self._busy[learner] = False
-        with self._lock:
-            self.staged[learner].extend(staged)
-            self.cond.notify_all()
+                self.staged[learner].extend(staged)
+                self.cond.notify_all()
 
     # -- pull -----------------------------------------------------------------------------
     def pull(self, learner: int = 0, timeout: float | None = None) -> Batch:
@@ -361,9 +363,13 @@ class DeliveryPath(DataPath):
                 return self._hand_over(learner, item, index)
             # nothing to serve yet: wait for data without the invocation lock (a checkpoint may need it)
             with self._lock:
-                self._refuse(learner)
-                self._wait(learner, deadline, lambda: bool(self.staged[learner]) or self._ready(learner)
-                           or self.mode.overlap)
+
+                def servable() -> bool:
+                    return bool(self.staged[learner]) or self._ready(learner) or self.mode.overlap
+
+                if not servable():  # re-checked: another pull of this learner may have staged leftovers since
+                    self._refuse(learner)
+                    self._wait(learner, deadline, servable)
 
     def _deliver(self, claim: Claim, index: int) -> Batch:
         """Run an inline invocation (caller holds the invocation lock): its first batch now, the rest staged."""

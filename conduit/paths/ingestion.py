@@ -68,7 +68,7 @@ class Invocation:
 
     def facts(self) -> dict[str, object]:
         """What a hook reads as ``actor_in.info``."""
-        return {"granularity": self.granularity, "iteration": self.ticket.iteration}
+        return {"granularity": self.granularity, "iteration": self.ticket.iteration, "closes": self.ticket.closes}
 
 
 def _own(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -124,11 +124,6 @@ class IngestionPath(DataPath):
             self.cond.notify_all()
 
     # -- granularity ----------------------------------------------------------
-    @property
-    def group_units(self) -> int:
-        """Units (or pieces) one invocation takes."""
-        return self.g_units
-
     def _split(self, tensors: dict[str, torch.Tensor], rows: int) -> list[dict[str, torch.Tensor]]:
         """A unit as the pieces one invocation each writes: itself, or row pieces at a fractional granularity."""
         if not self.mode.overlap or self.g_units > 1 or self.mode.granularity == 1:
@@ -280,6 +275,16 @@ class IngestionPath(DataPath):
             self.stats.ingested_rows += n
         return packet
 
+    def seal(self) -> int | None:
+        """End the iteration being pushed now (on-policy): under cond, so no push is between its room check
+        and its admission (a push admitted to the next iteration would then skip the in-flight bound)."""
+        with self.cond:
+            closed = self.buffer.close_open()
+            self.cond.notify_all()
+        if closed is not None:  # outside cond: sealing notifies the delivery path
+            self.buffer.seal_closed(closed)
+        return closed
+
     # -- flush / switch -------------------------------------------------------
     def flush(self, timeout: float | None = None) -> None:
         """Ingest everything pushed so far, including a partial group."""
@@ -306,12 +311,20 @@ class IngestionPath(DataPath):
             self._drain_inline(flush=False)  # units pushed while switching
 
     # -- state ----------------------------------------------------------------
-    def state_dict(self) -> dict[str, object]:
-        """Units pushed (acknowledged) but not yet ingested, on the host (caller has paused the path)."""
-        with self.cond:  # pushes still queue while paused: take the queue and its unit count together
-            queued, pending_units = list(self.queue), self.pending_units
+    def queued(self) -> tuple[list[Piece], int]:
+        """The queue and its unit count at one point (caller holds cond: pushes still admit and queue while
+        the path is paused, so a checkpoint reads the buffer's admissions under the same hold)."""
+        return list(self.queue), self.pending_units
+
+    def state_dict(self, queued: tuple[list[Piece], int] | None = None) -> dict[str, object]:
+        """Units pushed (acknowledged) but not yet ingested, on the host (caller has paused the path):
+        ``queued`` (from :meth:`queued`), or the queue now."""
+        if queued is None:
+            with self.cond:
+                queued = self.queued()
+        queued_pieces, pending_units = queued
         pieces = []
-        for p in queued:
+        for p in queued_pieces:
             adopt(p.data, p.producers)  # a unit pushed from CUDA memory: after the actor's kernels that wrote it
             pieces.append({
                 "data": {k: v.cpu() for k, v in p.data.items()}, "rows": p.rows, "unit_end": p.unit_end,

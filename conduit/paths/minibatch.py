@@ -30,7 +30,10 @@ class MinibatchClaim(Claim):
         return Place(self.iteration, pos // m, pos % m, m, pos == self.per_iteration - 1, self.rows[part], None)
 
     def facts(self) -> dict[str, object]:
-        return {**Claim.facts(self), "iteration": self.iteration, "positions": list(self.positions)}
+        return {
+            **Claim.facts(self), "iteration": self.iteration, "positions": list(self.positions),
+            "rows": [r.indices for r in self.rows], "ids": [r.ids for r in self.rows], "version": self.buffer_version,
+        }
 
 
 class MinibatchDelivery(DeliveryPath):

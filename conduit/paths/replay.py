@@ -35,8 +35,9 @@ class ReplayClaim(Claim):
     def facts(self) -> dict[str, object]:
         out = Claim.facts(self)
         out["invocation"] = self.invocation
-        if self.drawn is not None:
-            out.update(weights=self.drawn.weights, indices=self.drawn.indices, ids=self.drawn.ids)
+        s = self.drawn
+        if s is not None:
+            out.update(drawn=s.rows, weights=s.weights, indices=s.indices, ids=s.ids, version=s.version)
         return out
 
 
@@ -112,7 +113,7 @@ class ReplayDelivery(DeliveryPath):
             if any(o is not None for o in outs):
                 parts, s = buffer.sample_split(list(sizes), to, outs)
             else:
-                s = buffer.draw(n * len(sizes), to, None)
+                s = buffer.sample(n * len(sizes), to)  # the joint block may recycle where a batch does not
                 parts = [{k: v[i * n : (i + 1) * n] for k, v in s.data.items()} for i in range(len(sizes))]
         claim.drawn = s
         claim.buffer_version = s.version

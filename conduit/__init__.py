@@ -39,8 +39,9 @@ from conduit.errors import (
     WorkerDied,
 )
 from conduit.hooks import Reader, Writer
-from conduit.runtime import Conduit, RuntimeStats
+from conduit.runtime import Conduit
 from conduit.spec import ExperienceSpec, FieldSpec
+from conduit.stats import RuntimeStats
 from conduit.trace import Tracer, global_tracer
 
 __all__ = [

@@ -14,17 +14,25 @@ Every ``.pt`` file is read with ``torch.load(weights_only=True)``, which unpickl
 tensors and primitive containers and nothing else: a tampered file that would run
 code when loaded fails with :class:`~conduit.errors.CheckpointError` instead.
 
-Saving is atomic: everything is written to a sibling temporary directory,
-flushed to disk, then renamed into place; the directory it replaces is first
-renamed aside and removed only after the new one is complete. A crash at any
-point leaves the previous checkpoint loadable (:func:`load` falls back to the
-aside copy when the rename did not finish), and never a half-written one.
+Saving is atomic: everything is written to a sibling temporary directory
+(``.<name>.tmp-<pid>-<id>``), flushed to disk, then renamed into place; the
+directory it replaces is first renamed aside (``.<name>.old-<id>``) and removed
+only after the new one is complete. A crash at any point leaves the previous
+checkpoint loadable, and never a half-written one: when the crash came between
+the two renames, ``path`` is missing and :func:`load` reads the aside copy (and
+says so in a warning). A later save removes what killed saves left behind
+(temporaries of processes no longer alive, and aside copies).
+
+A checkpoint that is there but damaged is an error, never silently replaced by
+an older copy: ``fallback=True`` asks for the newest aside copy instead, with a
+warning naming what was skipped.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -40,6 +48,8 @@ from conduit._version import __version__
 from conduit.errors import CheckpointError
 
 __all__ = ["FORMAT", "VERSION", "CheckpointError", "load", "read_manifest", "save"]
+
+log = logging.getLogger("conduit")
 
 FORMAT = "conduit-checkpoint"
 VERSION = 2
@@ -95,7 +105,8 @@ def save(path: str | Path, manifest: Mapping[str, Any], components: Mapping[str,
     """Write ``components`` (name -> state dict) and ``manifest`` (JSON) to ``path`` atomically; returns ``path``."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+    _remove_dead_temporaries(target)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
         for name, state in components.items():
@@ -119,18 +130,36 @@ def save(path: str | Path, manifest: Mapping[str, Any], components: Mapping[str,
             os.replace(target, aside)
         os.replace(tmp, target)
         _fsync(target.parent)
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
+        for old in _asides(target):  # this one, and any an earlier interrupted save left
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def _remove_dead_temporaries(target: Path) -> None:
+    """Temporaries of saves whose process was killed (their pid is in the name and no longer alive)."""
+    for tmp in target.parent.glob(f".{target.name}.tmp-*"):
+        pid = tmp.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 # -- load -------------------------------------------------------------------------
-def _candidates(target: Path) -> list[Path]:
-    asides = sorted(target.parent.glob(f".{target.name}.old-*"), key=lambda p: p.stat().st_mtime, reverse=True)
-    return [target, *asides]
+def _asides(target: Path) -> list[Path]:
+    """Copies interrupted saves set aside, newest first."""
+    return sorted(target.parent.glob(f".{target.name}.old-*"), key=lambda p: p.stat().st_mtime, reverse=True)
 
 
 def _verify(path: Path) -> dict[str, Any]:
@@ -161,16 +190,37 @@ def _verify(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def read_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
-    """The newest complete checkpoint at ``path`` (or its aside copy after a crash) and its manifest."""
+def read_manifest(path: str | Path, *, fallback: bool = False) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint at ``path`` and its manifest.
+
+    Where ``path`` is missing because a save was interrupted between its renames, the copy
+    it set aside (the checkpoint before it), with a warning. Where ``path`` is there but
+    damaged, :class:`CheckpointError` — or, with ``fallback=True``, the newest aside copy
+    that verifies, with a warning.
+    """
     target = Path(path)
-    errors = []
-    for candidate in _candidates(target):
+    asides = _asides(target)
+    if target.exists() or not asides:
         try:
-            return candidate, _verify(candidate)
+            return target, _verify(target)
+        except CheckpointError as e:
+            if not (fallback and asides):
+                hint = (
+                    f"; an earlier checkpoint an interrupted save left beside it ({asides[0].name}) can be "
+                    "loaded with fallback=True" if asides else ""
+                )
+                raise CheckpointError(f"{e}{hint}") from None
+            log.warning("conduit: checkpoint %s is damaged (%s); falling back to an earlier copy, as asked", target, e)
+    errors = []
+    for candidate in asides:
+        try:
+            manifest = _verify(candidate)
         except CheckpointError as e:
             errors.append(str(e))
-    raise CheckpointError("no loadable checkpoint: " + "; ".join(errors))
+            continue
+        log.warning("conduit: loading %s, the checkpoint an interrupted save set aside for %s", candidate.name, target)
+        return candidate, manifest
+    raise CheckpointError(f"{target}: no loadable checkpoint: " + "; ".join(errors))
 
 
 def _load_state(where: Path, name: str) -> dict[str, Any]:
@@ -183,7 +233,8 @@ def _load_state(where: Path, name: str) -> dict[str, Any]:
     return state
 
 
-def load(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """The manifest and every component's state dict of the checkpoint at ``path`` (verified, loaded safely)."""
-    where, manifest = read_manifest(path)
+def load(path: str | Path, *, fallback: bool = False) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The manifest and every component's state dict of the checkpoint at ``path`` (verified, loaded safely);
+    ``fallback``: see :func:`read_manifest`."""
+    where, manifest = read_manifest(path, fallback=fallback)
     return manifest, {name: _load_state(where, name) for name in manifest.get("components", [])}

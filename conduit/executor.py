@@ -123,7 +123,13 @@ class FailureBox:
 
 
 def fail(failure: FailureBox, where: str, exc: BaseException) -> NoReturn:
-    """Record ``exc`` as the runtime's failure and raise it (typed, original traceback attached)."""
+    """Record ``exc`` as the runtime's failure and raise it (typed, original traceback attached).
+
+    An invocation that outlived ``close()`` (a hook that hung past its timeout) does not fail the
+    closed runtime: it ends with :class:`RuntimeClosed` in its own thread.
+    """
+    if failure.closed and failure.error is None:
+        raise RuntimeClosed(f"the Conduit runtime was closed while this {where} ran") from exc
     err = failure.set(where, exc)
     if err is exc:
         raise err
@@ -175,6 +181,10 @@ class Worker:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
     def _run(self) -> None:
         _local.worker = True
         _local.serial = not one_intra_op_thread()
@@ -187,7 +197,8 @@ class Worker:
             while not self.stopping.is_set() and self._failure.error is None:
                 self._step()
         except BaseException as exc:
-            self._failure.set(f"{self.name} worker", exc)
+            if not (isinstance(exc, RuntimeClosed) and self._failure.closed):  # an invocation that outlived close()
+                self._failure.set(f"{self.name} worker", exc)
         finally:
             with self._wake:
                 self._wake.notify_all()
@@ -198,11 +209,8 @@ class Worker:
         with self._wake:
             self._wake.notify_all()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("conduit: worker %s did not stop within %.3gs", self.name, timeout)
-            return False
-        return True
+            self._thread.join(max(0.0, timeout))
+        return not self._thread.is_alive()
 
 
 class StreamSet:

@@ -13,6 +13,7 @@ the executor's business.
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -27,7 +28,7 @@ from conduit.errors import HookFailed
 from conduit.hooks import Reader, Writer
 from conduit.trace import Tracer
 
-__all__ = ["FnOperator", "Graph", "HookOperator", "Operator", "OperatorKind", "Packet", "Record"]
+__all__ = ["FnOperator", "Graph", "HookOperator", "Operator", "OperatorKind", "Packet", "Record", "Running"]
 
 
 class OperatorKind(str, Enum):
@@ -61,6 +62,11 @@ class Operator(ABC):
     kind: OperatorKind = OperatorKind.PROCESSING
     name: str = "operator"
 
+    @property
+    def label(self) -> str:
+        """What the operator is, for a message about a thread that is inside it."""
+        return f"operator {self.name!r}"
+
     @abstractmethod
     def run(self, packet: Packet) -> Packet:
         """Transform a packet (may mutate and return it)."""
@@ -92,6 +98,10 @@ class HookOperator(Operator):
         self._source = source
         self._sink = sink
 
+    @property
+    def label(self) -> str:
+        return f"the {self._source}->{self._sink} hook {getattr(self._fn, '__qualname__', repr(self._fn))!r}"
+
     def run(self, packet: Packet) -> Packet:
         data = concat(packet.parts)
         out = Writer(self._sink)
@@ -114,6 +124,18 @@ def concat(parts: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
+@dataclass(frozen=True)
+class Running:
+    """A thread inside one of a graph's operators: what a timeout or ``close()`` reports of it."""
+
+    thread: str
+    operator: str
+    since: float  # time.monotonic() when it entered the operator
+
+    def describe(self) -> str:
+        return f"thread {self.thread!r} has been inside {self.operator} for {time.monotonic() - self.since:.3g}s"
+
+
 class Graph:
     """A chain of operators with timing and tracing."""
 
@@ -124,20 +146,32 @@ class Graph:
         #: wall seconds of recent invocations, with their granularity
         self.timings: deque[tuple[float, float]] = deque(maxlen=history)
         self.invocations = 0
+        #: the threads inside an operator now, by thread ident (a hung hook is named by what waits on it)
+        self.running: dict[int, Running] = {}
 
     def run(self, packet: Packet, granularity: float = 1.0) -> Packet:
         t0 = time.perf_counter()
-        if self.tracer.enabled:
-            with self.tracer.span(self.name, cat="conduit", granularity=granularity, rows=packet.rows):
+        me = threading.current_thread()
+        try:
+            if self.tracer.enabled:
+                with self.tracer.span(self.name, cat="conduit", granularity=granularity, rows=packet.rows):
+                    for op in self.operators:
+                        self.running[me.ident] = Running(me.name, op.label, time.monotonic())  # type: ignore[index]
+                        with self.tracer.span(op.name, cat=op.kind.value):
+                            packet = op.run(packet)
+            else:  # no context managers when nobody is tracing
                 for op in self.operators:
-                    with self.tracer.span(op.name, cat=op.kind.value):
-                        packet = op.run(packet)
-        else:  # the hot path: no context managers when nobody is tracing
-            for op in self.operators:
-                packet = op.run(packet)
+                    self.running[me.ident] = Running(me.name, op.label, time.monotonic())  # type: ignore[index]
+                    packet = op.run(packet)
+        finally:
+            self.running.pop(me.ident, None)  # type: ignore[arg-type]
         self.timings.append((time.perf_counter() - t0, granularity))
         self.invocations += 1
         return packet
+
+    def activity(self) -> list[str]:
+        """What every thread inside this graph is doing now, longest first."""
+        return [r.describe() for r in sorted(self.running.values(), key=lambda r: r.since)]
 
     def describe(self) -> str:
         return f"{self.name}: " + " -> ".join(f"{op.name}[{op.kind.value}]" for op in self.operators)

@@ -34,14 +34,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-from conduit import build, checkpoint
+from conduit import build, checkpoint, snapshot
 from conduit._version import __version__
 from conduit.batch import Batch, BatchInfo
 from conduit.buffers.base import ExperienceBuffer
@@ -52,38 +51,17 @@ from conduit.executor import FailureBox
 from conduit.hooks import HookKind, HookRegistry
 from conduit.paths.delivery import DeliveryPath
 from conduit.paths.ingestion import IngestionPath
-from conduit.remote import ActorChannel
+from conduit.remote import ActorChannel, ActorLoss
 from conduit.spec import Data, ExperienceSpec
+from conduit.stats import RuntimeStats, collect
 from conduit.storage import StoragePolicy
 from conduit.trace import Tracer, global_tracer
 
-__all__ = ["Conduit", "RuntimeStats"]
+__all__ = ["Conduit"]
 
 log = logging.getLogger("conduit")
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-@dataclass(frozen=True)
-class RuntimeStats:
-    """Counters of one runtime (exact: nothing is estimated)."""
-
-    pushed_units: int
-    pushed_rows: int
-    ingested_rows: int
-    ingestion_invocations: int
-    buffer_rows: int
-    buffer_version: int
-    pulls: int
-    delivered_rows: int
-    delivery_invocations: int
-    push_s: float
-    push_blocked_s: float
-    pull_s: float
-    pull_wait_s: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 class Conduit:
     """An Experience Data Plane runtime (see the module docstring).
@@ -126,6 +104,8 @@ class Conduit:
         self.buffer: ExperienceBuffer | None = None
         self.ingestion: IngestionPath | None = None
         self.delivery: DeliveryPath | None = None
+        #: a checkpoint's state that :meth:`restore` read before the runtime started: loaded by :meth:`start`
+        self._restoring: Mapping[str, dict[str, Any]] | None = None
 
     # -- hooks ----------------------------------------------------------------
     def register_ingestion(self, input: str = "Actor", output: str = "ExperienceBuffer") -> Callable[[F], F]:
@@ -178,6 +158,9 @@ class Conduit:
             self.buffer, self.delivery, self.ingestion = buffer, delivery, ingestion
             self.registry.freeze("the runtime has started; register hooks before the first push/pull")
             self._started = True
+            if self._restoring is not None:  # before any push or pull: units pending in it meet the hooks
+                state, self._restoring = self._restoring, None
+                self._load(state)
             log.info("conduit: started %s, %s", self.config.policy.value, self.schedule)
             return self
 
@@ -242,14 +225,25 @@ class Conduit:
         for obs in self.observers:
             obs.on_phase(name, t0, t1)
 
-    def actor_channel(self, maxsize: int = 8, context: str = "spawn") -> ActorChannel:
-        """A channel actor *processes* push through (``channel.actor()`` is picklable).
+    def actor_channel(
+        self,
+        maxsize: int = 8,
+        context: str = "spawn",
+        *,
+        on_actor_lost: Callable[[ActorLoss], None] | None = None,
+    ) -> ActorChannel:
+        """A channel actor *processes* push through (``channel.actor()`` is picklable, one per process).
 
-        A receiver thread here feeds every unit into :meth:`push`; the channel
-        closes with the runtime.
+        A receiver thread here feeds every unit into :meth:`push`; each actor has at
+        most ``maxsize`` units unacknowledged. An actor process that dies does not
+        stop the runtime: the loss is logged, counted in :meth:`stats`, listed by
+        ``channel.stats()`` and passed to ``on_actor_lost`` (:mod:`conduit.remote`).
+        The channel closes with the runtime.
         """
         self._ensure_started()
-        channel = ActorChannel(self.push, self.failure, maxsize, self.config.timeout_s, context)
+        channel = ActorChannel(
+            self.push, self.failure, maxsize, self.config.timeout_s, context, on_actor_lost=on_actor_lost
+        )
         self._channels.append(channel)
         return channel
 
@@ -322,42 +316,24 @@ class Conduit:
         """
         self._ensure_started()
         assert self.ingestion is not None and self.delivery is not None
-        with self.ingestion.paused(timeout), self.delivery.paused(timeout):
+        with snapshot.quiesced(self.ingestion, self.delivery, timeout):
             yield
 
     # -- checkpoints --------------------------------------------------------------
     def state_dict(self, *, timeout: float | None = None) -> dict[str, dict[str, Any]]:
-        """The buffer's, ingestion's and delivery's state at one consistent point (tensors and primitives only).
-
-        Lock order here: the delivery's condition (``settled``), then the ingestion's, then the buffer's.
-
-        Both paths are paused between invocations; learners may still take staged
-        batches, so what a pull changes (staged batches, pull counts, the rate limiter,
-        rows' sample counts) is read with no pull between taking a batch and counting
-        it (``DeliveryPath.settled``). The rows themselves change only while ingesting
-        (paused), so they are copied without holding up those pulls.
-        """
-        with self.quiesced(timeout):
-            assert self.buffer is not None and self.ingestion is not None and self.delivery is not None
-            with self.delivery.settled(timeout):
-                delivery = self.delivery.state_dict()
-                # pushes still admit and queue while ingestion is paused: what the buffer has admitted (the
-                # rate limiter's inserts, the on-policy push side) and the queue are read in one hold
-                with self.ingestion.cond:
-                    buffer = self.buffer.state_dict(rows=False)
-                    queued = self.ingestion.queued()
-            buffer["rows"] = self.buffer.rows_state()
-            ingestion = self.ingestion.state_dict(queued)
-        return {"buffer": buffer, "ingestion": ingestion, "delivery": delivery}
+        """The buffer's, ingestion's and delivery's state at one consistent point (:mod:`conduit.snapshot`)."""
+        self._ensure_started()
+        assert self.buffer is not None and self.ingestion is not None and self.delivery is not None
+        return snapshot.capture(self.buffer, self.ingestion, self.delivery, timeout)
 
     def load_state_dict(self, state: Mapping[str, dict[str, Any]]) -> None:
         """Continue from :meth:`state_dict` (into a runtime that has not pushed yet)."""
         self.start()
+        self._load(state)
+
+    def _load(self, state: Mapping[str, dict[str, Any]]) -> None:
         assert self.buffer is not None and self.ingestion is not None and self.delivery is not None
-        with self.quiesced():  # an overlapped worker claims nothing before every component is restored
-            self.buffer.load_state_dict(state["buffer"])
-            self.delivery.load_state_dict(state["delivery"])
-            self.ingestion.load_state_dict(state["ingestion"])
+        snapshot.apply(self.buffer, self.ingestion, self.delivery, state)
 
     def _manifest(self, state: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
         """What a checkpoint says of itself in plain JSON: what to rebuild the runtime from, and a summary."""
@@ -376,29 +352,53 @@ class Conduit:
         state = self.state_dict(timeout=timeout)
         return checkpoint.save(path, self._manifest(state), state)
 
-    def restore(self, path: str | Path) -> dict[str, Any]:
-        """Load a checkpoint into this fresh runtime; returns its manifest."""
-        manifest, state = checkpoint.load(path)
-        if self._started and self.buffer is not None and self.buffer.inserted:
+    def restore(self, path: str | Path, *, fallback: bool = False) -> dict[str, Any]:
+        """Load a checkpoint into this fresh runtime; returns its manifest.
+
+        The checkpoint is read and checked now. A runtime that has not started yet
+        takes its state when it starts (the first push or pull, or ``start()``), so
+        hooks registered meanwhile see the units the checkpoint still holds pending.
+        ``fallback``: where the checkpoint is damaged, load the copy an earlier
+        interrupted save left beside it (:func:`conduit.checkpoint.read_manifest`).
+        """
+        manifest, state = checkpoint.load(path, fallback=fallback)
+        if self._restoring is not None or (self._started and self.buffer is not None and self.buffer.inserted):
             raise CheckpointError("restore into a fresh runtime (this one already holds data)")
         if manifest["policy"] != self.config.policy.value:
             raise CheckpointError(f"checkpoint is {manifest['policy']}, the runtime is {self.config.policy.value}")
         if manifest["spec"] is not None and self.spec_declared is not None:
             if ExperienceSpec.from_json(manifest["spec"]) != self.spec_declared:
                 raise CheckpointError("the checkpoint's experience spec differs from the runtime's declared spec")
-        self.load_state_dict(state)
+        if self._started:
+            self._load(state)
+        else:  # checked now against the buffer this config builds, loaded when the runtime starts
+            build.buffer(self.config, self.storage_policy, self.spec_declared).check_state(state["buffer"])
+            self._restoring = state
         return manifest
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, *, storage: StoragePolicy | None = None, **overrides: Any) -> Conduit:
-        """A runtime rebuilt from a checkpoint's config (``overrides`` change fields, e.g. ``storage_device``)."""
-        _, manifest = checkpoint.read_manifest(path)
+    def from_checkpoint(
+        cls,
+        path: str | Path,
+        *,
+        storage: StoragePolicy | None = None,
+        registry: HookRegistry | None = None,
+        fallback: bool = False,
+        **overrides: Any,
+    ) -> Conduit:
+        """A runtime rebuilt from a checkpoint's config (``overrides`` change fields, e.g. ``storage_device``).
+
+        It has not started: register its hooks (``@edp.register_ingestion``, or pass ``registry``) before the
+        first push or pull, which loads the checkpoint's state; units it held pending are ingested through
+        them. ``fallback``: see :meth:`restore`.
+        """
+        _, manifest = checkpoint.read_manifest(path, fallback=fallback)
         config = ConduitConfig(**{**manifest["config"], **overrides})
         spec = ExperienceSpec.from_json(manifest["spec"]) if manifest["spec"] else None
-        runtime = cls(config, spec=spec, storage=storage)
+        runtime = cls(config, spec=spec, storage=storage, registry=registry)
         if "pinned" not in overrides:  # the schedule it ran under (a planner's choice, or the pinned one)
             runtime.reschedule(Schedule.from_json(manifest["schedule"]))
-        runtime.restore(path)
+        runtime.restore(path, fallback=fallback)
         return runtime
 
     # -- introspection -----------------------------------------------------------
@@ -407,24 +407,8 @@ class Conduit:
         return self.buffer.spec if self.buffer is not None else self.spec_declared
 
     def stats(self) -> RuntimeStats:
-        ing = self.ingestion.stats if self.ingestion else None
-        dlv = self.delivery.stats if self.delivery else None
-        buf = self.buffer
-        return RuntimeStats(
-            pushed_units=ing.pushed_units if ing else 0,
-            pushed_rows=ing.pushed_rows if ing else 0,
-            ingested_rows=ing.ingested_rows if ing else 0,
-            ingestion_invocations=ing.invocations if ing else 0,
-            buffer_rows=buf.rows if buf else 0,
-            buffer_version=buf.inserted if buf else 0,
-            pulls=dlv.pulls if dlv else 0,
-            delivered_rows=dlv.delivered_rows if dlv else 0,
-            delivery_invocations=dlv.invocations if dlv else 0,
-            push_s=ing.push_s if ing else 0.0,
-            push_blocked_s=ing.blocked_s if ing else 0.0,
-            pull_s=dlv.pull_s if dlv else 0.0,
-            pull_wait_s=dlv.wait_s if dlv else 0.0,
-        )
+        """The runtime's counters now (:class:`~conduit.stats.RuntimeStats`)."""
+        return collect(self.ingestion, self.delivery, self.buffer, self._channels)
 
     def describe(self) -> Mapping[str, Any]:
         """What the runtime runs: config, schedule, spec and operator graphs."""
@@ -438,33 +422,47 @@ class Conduit:
         }
 
     # -- lifecycle -------------------------------------------------------------
-    def close(self, timeout: float = 5.0, *, drain: bool = True) -> None:
-        """Stop both workers and release storage; idempotent, never hangs past ``timeout`` per step.
+    def close(self, timeout: float = 5.0, *, drain: bool = True) -> list[str]:
+        """Stop both workers and release storage; idempotent, and returns within ``timeout`` (plus a
+        scheduling margin) whatever a hook is doing.
 
         ``drain`` (default) first ingests units already pushed, like a writer's
         flush, when the runtime is healthy; with ``drain=False`` (or after a
         failure) they are dropped. Rows in the buffer are released either way:
         ``save()`` first to keep them.
+
+        Returns what close left behind, each named with its thread and what it is
+        inside (a hook that does not return, in a worker or in a caller's inline
+        invocation), also logged as a warning; empty when every thread stopped.
+        An invocation still running when the runtime closes ends with
+        :class:`~conduit.errors.RuntimeClosed` in its own thread.
         """
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         with self._start_lock:
             if self._closed:
-                return
+                return []
             if drain and self._started and self.failure.error is None and self.ingestion is not None:
                 try:
-                    self.ingestion.flush(timeout)
+                    self.ingestion.flush(left())
                 except ConduitError as e:
                     log.warning("conduit: close could not drain pending units: %s", e)
             self._closed = True
             self.failure.closed = True
-        stopped = True
+        behind: list[str] = []
         for channel in self._channels:
-            stopped &= channel.close(timeout)
+            if not channel.close(left()):
+                behind.append("an actor channel's receiver thread did not stop")
         for path in (self.ingestion, self.delivery):
             if path is not None:
-                stopped &= path.close(timeout)
-        if not stopped:
-            log.warning("conduit: a worker thread did not stop within %.3gs", timeout)
+                behind += path.close(left())
+        if behind:
+            log.warning("conduit: close(timeout=%.3gs) left behind: %s", timeout, "; ".join(behind))
         self._release()
+        return behind
 
     def _release(self) -> None:
         """Drop storage and queued data now; reference cycles (threads, callbacks) would keep them for a GC."""

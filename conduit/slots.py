@@ -5,6 +5,12 @@ leaves holes, so its slots are ``[0, count)`` and a write is a contiguous range
 from ``pos``. Other removers (LIFO, uniform, prioritized) and ``max_times_sampled``
 eviction leave holes: then free slots are filled first (lowest index first)
 and, when there are not enough, the remover names the slots to evict.
+
+Under ``max_times_sampled`` a draw *reserves* each row it takes (``reserved``)
+until the batch reaches a learner (then the use counts in ``times_sampled``) or
+is given back (a staged batch dropped unread). A row whose uses are all counted
+or reserved is *held*: still live, but no sampler may draw it again, so two
+draws in flight never take the same use of a row (:meth:`SlotTable.candidates`).
 """
 
 from __future__ import annotations
@@ -36,7 +42,13 @@ class SlotTable:
         self.count = 0  # valid slots
         self.high = 0  # slots [0, high) were written at least once
         self.pos = 0  # ring pointer of the FIFO fast path
+        #: draws of each row that are in flight (taken, not yet delivered or given back)
+        self.reserved = np.zeros(capacity, dtype=np.int64)
+        #: rows every use of which is counted or reserved: live, but no draw may take them
+        self.held = np.zeros(capacity, dtype=bool)
+        self.held_count = 0
         self._dense: np.ndarray | None = None  # valid slots, rebuilt lazily after a change
+        self._free: np.ndarray | None = None  # valid slots not held, rebuilt lazily after a change
         # while every row came through occupy_ring with consecutive ids, slot s holds id
         # next_id - 1 - ((pos - 1 - s) mod capacity), and a draw's ids can be worked out later (ring_state)
         self._pure_ring = True
@@ -61,6 +73,58 @@ class SlotTable:
         if self._dense is None:
             self._dense = np.flatnonzero(self.valid).astype(np.int64)
         return self._dense
+
+    @property
+    def sampleable(self) -> int:
+        """Live rows a draw may take (not held)."""
+        return self.count - self.held_count
+
+    def candidates(self) -> np.ndarray:
+        """The slots a draw may take: live and not held."""
+        if not self.held_count:
+            return self.valid_slots()
+        if self._free is None:
+            self._free = np.flatnonzero(self.valid & ~self.held).astype(np.int64)
+        return self._free
+
+    # -- reservations (max_times_sampled) ------------------------------------------
+    def reserve(self, slots: np.ndarray, max_times: int) -> np.ndarray:
+        """A draw took ``slots`` (distinct, live, not held): reserve one use each; returns the ones now held."""
+        self.reserved[slots] += 1
+        full = slots[self.times_sampled[slots] + self.reserved[slots] >= max_times]
+        self._hold(full)
+        return full
+
+    def settle(self, slots: np.ndarray, max_times: int, *, delivered: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Reserved uses of ``slots`` (live, one each) end: counted (``delivered``) or given back.
+
+        Returns ``(spent, freed)``: rows whose every use is now counted (the caller evicts them),
+        and held rows that may be drawn again.
+        """
+        np.subtract.at(self.reserved, slots, 1)
+        self.reserved[slots] = np.maximum(self.reserved[slots], 0)
+        if delivered:
+            np.add.at(self.times_sampled, slots, 1)
+        slots = np.unique(slots)
+        spent = slots[self.times_sampled[slots] >= max_times]
+        rest = slots[self.times_sampled[slots] < max_times]
+        freed = rest[self.held[rest] & (self.times_sampled[rest] + self.reserved[rest] < max_times)]
+        self._unhold(freed)
+        return spent, freed
+
+    def _hold(self, slots: np.ndarray) -> None:
+        slots = slots[~self.held[slots]]
+        if slots.size:
+            self.held[slots] = True
+            self.held_count += int(slots.size)
+            self._free = None
+
+    def _unhold(self, slots: np.ndarray) -> None:
+        slots = slots[self.held[slots]]
+        if slots.size:
+            self.held[slots] = False
+            self.held_count -= int(slots.size)
+            self._free = None
 
     # -- allocation -------------------------------------------------------------
     def ring_slots(self, n: int) -> np.ndarray:
@@ -103,42 +167,52 @@ class SlotTable:
     def occupy(self, slots: np.ndarray, first_id: int) -> None:
         """Rows with ids ``first_id, first_id+1, ...`` now live in ``slots`` (in order)."""
         newly = ~self.valid[slots]
+        self._unhold(slots)  # a held row overwritten: its reserved draws were gathered already
         self.ids[slots] = np.arange(first_id, first_id + slots.size, dtype=np.int64)
         self.times_sampled[slots] = 0
+        self.reserved[slots] = 0
         self.valid[slots] = True
         self.count += int(np.count_nonzero(newly))
         if slots.size:
             self.high = max(self.high, int(slots.max()) + 1)
-        self._dense = None
+        self._dense = self._free = None
         self._pure_ring = False
 
     def release(self, slots: np.ndarray) -> np.ndarray:
         """Free ``slots`` (evicted by ``max_times_sampled``); returns the ones that were valid."""
         slots = np.unique(slots)
         slots = slots[self.valid[slots]]
+        self._unhold(slots)
         self.valid[slots] = False
         self.ids[slots] = -1
+        self.reserved[slots] = 0
         self.count -= slots.size
-        self._dense = None
+        self._dense = self._free = None
         self._pure_ring = False
         return slots
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "ids": self.ids.copy(), "times_sampled": self.times_sampled.copy(), "valid": self.valid.copy(),
+            "reserved": self.reserved.copy(), "held": self.held.copy(),
             "count": self.count, "high": self.high, "pos": self.pos,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("ids", "times_sampled", "valid"):
+        """Restore :meth:`state_dict` (a checkpoint from before reservations has none: every row free)."""
+        keys = ("ids", "times_sampled", "valid", *(k for k in ("reserved", "held") if k in state))
+        for key in keys:
             arr = np.asarray(state[key])
             if arr.shape != (self.capacity,):
                 raise ValueError(f"slot table {key}: expected shape ({self.capacity},), got {arr.shape}")
         self.ids = np.asarray(state["ids"], dtype=np.int64).copy()
         self.times_sampled = np.asarray(state["times_sampled"], dtype=np.int64).copy()
         self.valid = np.asarray(state["valid"], dtype=bool).copy()
+        self.reserved = np.asarray(state.get("reserved", np.zeros(self.capacity)), dtype=np.int64).copy()
+        self.held = np.asarray(state.get("held", np.zeros(self.capacity)), dtype=bool).copy()
+        self.held_count = int(self.held.sum())
         self.count, self.high, self.pos = int(state["count"]), int(state["high"]), int(state["pos"])
-        self._dense = None
+        self._dense = self._free = None
         self._pure_ring, self._next_id = self._ring_arithmetic()
 
     def _ring_arithmetic(self) -> tuple[bool, int]:

@@ -6,7 +6,11 @@ later write is checked against it *before* anything is stored, so a bad write
 raises :class:`~conduit.errors.SpecError` and leaves the buffer untouched.
 
 numpy arrays are accepted and converted without a copy (``torch.from_numpy``);
-dtypes that ``torch.can_cast`` allows are cast, anything else is rejected.
+dtypes that ``torch.can_cast`` allows are cast when every value survives the cast
+(an integer within the target's range, a finite float still finite), anything
+else is rejected — or clamped into range where the field says ``clamp=True``.
+Only dense tensors are accepted, and a tensor that requires grad is stored
+detached: data, never its autograd history.
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ class FieldSpec:
     (longer sequences, larger observations); growth triggers re-layout instead
     of a :class:`SpecError`. ``finite`` rejects NaN/inf values and
     ``contiguous`` rejects non-contiguous tensors (otherwise copied as needed).
+    ``clamp`` clamps values a cast would not keep (an int64 beyond int32's range,
+    a float64 beyond float16's) into the target's range instead of rejecting them.
     """
 
     name: str
@@ -74,6 +80,7 @@ class FieldSpec:
     growable: bool = False
     finite: bool = False
     contiguous: bool = False
+    clamp: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -92,19 +99,74 @@ class FieldSpec:
     def to_json(self) -> dict[str, Any]:
         return {
             "shape": list(self.shape), "dtype": dtype_name(self.dtype), "growable": self.growable,
-            "finite": self.finite, "contiguous": self.contiguous,
+            "finite": self.finite, "contiguous": self.contiguous, "clamp": self.clamp,
         }
 
     @classmethod
     def from_json(cls, name: str, d: Mapping[str, Any]) -> FieldSpec:
         return cls(
             name, tuple(int(s) for s in d["shape"]), dtype_from_name(d["dtype"]), bool(d.get("growable", False)),
-            bool(d.get("finite", False)), bool(d.get("contiguous", False)),
+            bool(d.get("finite", False)), bool(d.get("contiguous", False)), bool(d.get("clamp", False)),
         )
+
+    def cast(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (of a dtype ``torch.can_cast`` allows) as this field's dtype, every value kept (or clamped).
+
+        Raises :class:`SpecError` naming the field, the values that do not fit and the target's range.
+        """
+        dst = self.dtype
+        if dst.is_floating_point or dst.is_complex:
+            out = t.to(dst)
+            lost = torch.isfinite(t) & ~torch.isfinite(out) if t.dtype != torch.bool else None
+            if lost is not None and bool(lost.any()):
+                top = torch.finfo(dst).max
+                if self.clamp and not t.is_complex():
+                    return t.clamp(-top, top).to(dst)
+                raise SpecError(
+                    f"field {self.name!r}: {int(lost.sum())} {dtype_name(t.dtype)} value(s) overflow "
+                    f"{dtype_name(dst)} (it holds ±{top:.4g}), e.g. {_first(t, lost)}; cast the data yourself, "
+                    "or declare the field with clamp=True"
+                )
+            return out
+        if t.dtype == torch.bool or dst == torch.bool:
+            return t.to(dst)
+        info = torch.iinfo(dst)
+        lo, hi = _int_range(t)
+        if lo < info.min or hi > info.max:
+            if self.clamp:
+                return torch.from_numpy(np.clip(_numpy(t), info.min, info.max)).to(t.device).to(dst)
+            bad = (lo if lo < info.min else hi)
+            raise SpecError(
+                f"field {self.name!r}: {dtype_name(t.dtype)} values {lo}..{hi} do not fit {dtype_name(dst)} "
+                f"({info.min}..{info.max}), e.g. {bad} would be stored as {_wrapped(bad, dst)}; cast the data "
+                "yourself, or declare the field with clamp=True"
+            )
+        return t.to(dst)
 
 
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()
+
+
+def _int_range(t: torch.Tensor) -> tuple[int, int]:
+    """Smallest and largest value of a non-empty integer tensor, as Python ints (numpy: torch lacks uint64 min/max)."""
+    a = _numpy(t)
+    return int(a.min()), int(a.max())
+
+
+def _wrapped(value: int, dtype: torch.dtype) -> int:
+    """What a plain cast would store for ``value``: its low bits, as two's complement."""
+    bits = torch.iinfo(dtype).bits
+    v = value & ((1 << bits) - 1)
+    return v - (1 << bits) if dtype != torch.uint8 and v >= 1 << (bits - 1) else v
+
+
+def _first(t: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(t[mask].flatten()[0])
 
 
 @dataclass(frozen=True)
@@ -211,6 +273,10 @@ class ExperienceSpec:
         out: dict[str, torch.Tensor] = {}
         for name, f in self.fields.items():
             t = tensors[name]
+            if t.layout != torch.strided:
+                raise SpecError(f"field {name!r}: expected a dense tensor, received {t.layout} (call .to_dense())")
+            if t.requires_grad:
+                t = t.detach()  # store data, not its autograd history
             trailing = tuple(t.shape[1:])
             if trailing != f.shape:
                 grows = f.growable and len(trailing) == len(f.shape)
@@ -225,7 +291,7 @@ class ExperienceSpec:
                         f"field {name!r}: expected dtype {dtype_name(f.dtype)}, received "
                         f"{dtype_name(t.dtype)}, which cannot be cast safely"
                     )
-                t = t.to(f.dtype)
+                t = f.cast(t)
             if t.device.type not in ("cpu", "cuda") or (
                 device is not None and t.device.type != "cpu" and t.device != device
             ):
@@ -264,6 +330,8 @@ class ExperienceSpec:
                     return None
             if t.dtype != dtype or t.dim() != ndim or (ndim > 1 and t.shape[1:] != trailing):
                 return None
+            if t.requires_grad or t.layout is not torch.strided:
+                return None  # the full check detaches, or names the layout
             rows = t.shape[0]
             if rows != n and n != -1:
                 return None
@@ -299,14 +367,25 @@ def as_tensors(data: Data) -> dict[str, torch.Tensor]:
         if isinstance(v, torch.Tensor):
             out[k] = v
         elif isinstance(v, np.ndarray):
-            if v.dtype == object:
-                raise SpecError(f"field {k!r}: object arrays are not supported")
+            if v.dtype.kind not in "biufc":
+                raise SpecError(
+                    f"field {k!r}: expected a numeric or bool array, received numpy dtype {v.dtype} "
+                    "(strings, dates and objects are not experience data: encode them as numbers)"
+                )
             if not v.flags.writeable or any(s < 0 for s in v.strides):
                 v = np.array(v)  # torch.from_numpy needs writeable, positively strided memory
-            out[k] = torch.from_numpy(v)
-        elif isinstance(v, (list, tuple, int, float, bool, np.generic)):
             try:
-                out[k] = torch.as_tensor(np.asarray(v))
+                out[k] = torch.from_numpy(v)
+            except TypeError as e:  # a numeric dtype torch has no tensor type for
+                raise SpecError(f"field {k!r}: numpy dtype {v.dtype} has no torch equivalent: {e}") from e
+        elif isinstance(v, (list, tuple, int, float, bool, np.generic)):
+            arr = np.asarray(v)
+            if arr.dtype.kind not in "biufc":
+                raise SpecError(
+                    f"field {k!r}: expected numbers or bools, received {type(v).__name__} of numpy dtype {arr.dtype}"
+                )
+            try:
+                out[k] = torch.as_tensor(arr)
             except (TypeError, ValueError) as e:
                 raise SpecError(f"field {k!r}: cannot convert {type(v).__name__} to a tensor: {e}") from e
         else:

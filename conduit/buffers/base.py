@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from conduit.errors import SemanticsError
+from conduit.errors import RuntimeClosed, SemanticsError
 from conduit.spec import Data, ExperienceSpec
 
 __all__ = ["ANYWHERE", "ExperienceBuffer", "Ticket"]
@@ -59,6 +59,7 @@ class ExperienceBuffer(ABC):
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.inserted = 0  # rows ever written == next transition id == buffer version
+        self.released = False  # the runtime closed: storage freed, no write may land
         self.migrations = 0  # re-layouts after the spec grew
         #: called (outside the lock) when rows or an iteration became deliverable
         self.on_data: list[Callable[[], None]] = []
@@ -142,6 +143,9 @@ class ExperienceBuffer(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict` (into a buffer that holds no data yet)."""
 
+    def check_state(self, state: dict[str, Any]) -> None:
+        """Raise CheckpointError where :meth:`load_state_dict` would refuse ``state`` (this buffer's shape)."""
+
     def _notify(self, callbacks: list[Callable[[], None]]) -> None:
         """Run callbacks outside the lock (they take other paths' locks: see the lock order in the runtime)."""
         for fn in list(callbacks):
@@ -149,4 +153,9 @@ class ExperienceBuffer(ABC):
 
     @abstractmethod
     def release(self) -> None:
-        """Free the storage (the runtime closed)."""
+        """Free the storage (the runtime closed); set :attr:`released`."""
+
+    def _check_open(self) -> None:
+        """A write after :meth:`release` (an invocation that outlived ``close()``) lands nowhere."""
+        if self.released:
+            raise RuntimeClosed("the buffer was released (the runtime closed) before this write")

@@ -138,6 +138,7 @@ class IterationBuffer(ExperienceBuffer):
             return Ticket(it, pieces, closes)
 
     def store(self, parts: Sequence[Data], ticket: Ticket, *, validated: bool = False) -> int:
+        self._check_open()
         assert ticket.iteration is not None
         return self.write(ticket.iteration, parts, closes=ticket.closes)[1]
 
@@ -214,6 +215,7 @@ class IterationBuffer(ExperienceBuffer):
     def release(self) -> None:
         """Free every store (the runtime closed)."""
         with self.lock:
+            self.released = True
             for it in self.iterations.values():
                 it.storage.close()
             for storage in self._free:

@@ -13,6 +13,13 @@ Admission control is the buffer's, as in a Reverb table: its
 :class:`~conduit.ratelimit.RateLimiter` holds learners' samples and actors'
 inserts in ratio (:meth:`ExperienceBuffer.room`) and starts sampling at
 ``min_size`` rows (:meth:`ReplayBuffer.can_sample`).
+
+``max_times_sampled`` (Reverb's queue at 1): the delivery's draw (``reserve=True``)
+takes each row at most once and reserves the use it takes in the same hold of
+the lock that draws it, so no other draw can take that use while the
+batch is in flight (:mod:`conduit.buffers.budget`). The use counts when the
+learner receives the batch (:meth:`ReplayBuffer.delivered`), or is given back
+when a staged batch is dropped unread (:meth:`ReplayBuffer.unreserve`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import torch
 
 from conduit.batch import BatchInfo, DrawnRows
 from conduit.buffers.base import ANYWHERE, ExperienceBuffer, Ticket
+from conduit.buffers.budget import UseBudget
 from conduit.errors import CheckpointError, RateLimited, SemanticsError, SpecError
 from conduit.executor import StreamOrder
 from conduit.memory import BatchMemory
@@ -90,6 +98,8 @@ class ReplayBuffer(ExperienceBuffer):
         self.sampler.seed(int(self.rng.integers(2**62)))
         self.table = SlotTable(capacity)
         self.evicted_by_sampling = 0
+        #: the uses left of each row (max_times_sampled), None without a limit
+        self.budget = UseBudget(max_times_sampled, self.table, sampler) if max_times_sampled is not None else None
         #: admission control: the samples-per-insert ratio, and the rows sampling starts at
         self.limiter = limiter or RateLimiter()
         #: whether a push or pull that would break the ratio waits (True) or raises RateLimited
@@ -139,6 +149,7 @@ class ReplayBuffer(ExperienceBuffer):
         return ANYWHERE if pieces == 1 else Ticket(pieces=pieces)
 
     def store(self, parts: Sequence[Data], ticket: Ticket, *, validated: bool = False) -> int:
+        self._check_open()
         return self.write(parts, validated=validated)[1]
 
     # -- admission (the sampling side) ----------------------------------------------------
@@ -183,7 +194,8 @@ class ReplayBuffer(ExperienceBuffer):
                     self.storage.write(table.pos, tensors)
                     table.occupy_ring(n, self.inserted)
                 else:
-                    slots = table.allocate(n, self.remover, self.sampler.priorities(), self.rng)
+                    priorities = self.budget.remover_priorities() if self.budget else self.sampler.priorities()
+                    slots = table.allocate(n, self.remover, priorities, self.rng)
                     self.storage.write_slots(slots, tensors)
                     table.occupy(slots, self.inserted)
                 if slots is not None:
@@ -231,11 +243,9 @@ class ReplayBuffer(ExperienceBuffer):
             self.migrations += 1
 
     # -- reads ----------------------------------------------------------------
-    def ready(self, min_rows: int) -> bool:
-        return self.table.count >= min_rows
-
     def sample(
-        self, n: int, device: torch.device | None = None, out: Mapping[str, torch.Tensor] | None = None
+        self, n: int, device: torch.device | None = None, out: Mapping[str, torch.Tensor] | None = None,
+        *, reserve: bool = False,
     ) -> Sampled:
         """Draw ``n`` rows and gather them atomically.
 
@@ -246,16 +256,16 @@ class ReplayBuffer(ExperienceBuffer):
         """
         if out is None and self.memory is not None:
             out = self._dropped_memory(n, device)
-        return self.draw(n, device, out)
+        return self.draw(n, device, out, reserve=reserve)
 
     def draw(
-        self, n: int, device: torch.device | None = None, out: Mapping[str, torch.Tensor] | None = None
+        self, n: int, device: torch.device | None = None, out: Mapping[str, torch.Tensor] | None = None,
+        *, reserve: bool = False,
     ) -> Sampled:
-        """:meth:`sample` into ``out`` as given (the delivery offers its own recycled memory, or None)."""
+        """:meth:`sample` into ``out`` as given (the delivery offers its own recycled memory, or None);
+        ``reserve``: see :meth:`_select` (settled by :meth:`delivered` or :meth:`unreserve`)."""
         with self.lock:
-            if self.storage is None or self.table.count == 0:
-                raise SemanticsError("cannot sample from an empty buffer")
-            draw = self.sampler.sample(n, self.table, self.rng)
+            draw = self._select(n, reserve)
             order = self._order
             assert order is not None
             if order.enabled:  # CUDA storage: reads wait for writes on other streams
@@ -265,6 +275,15 @@ class ReplayBuffer(ExperienceBuffer):
             if order.enabled:
                 order.after_read()
             return Sampled(data, self.drawn(draw), draw.weights, self.inserted)
+
+    def _select(self, n: int, reserve: bool) -> Draw:
+        """One draw's slots (caller holds the lock): with ``reserve`` under ``max_times_sampled``, distinct rows
+        with a use left, each use reserved; else the sampler's own draw (held rows excluded)."""
+        if self.storage is None or self.table.count == 0:
+            raise SemanticsError("cannot sample from an empty buffer")
+        if self.budget is None or not reserve:
+            return self.sampler.sample(n, self.table, self.rng)
+        return self.budget.select(n, self.rng)
 
     def _dropped_memory(self, n: int, device: torch.device | None) -> dict[str, torch.Tensor] | None:
         """Recycled host memory for ``n`` rows, or None (device rows, small fields, nothing stored yet).
@@ -293,7 +312,7 @@ class ReplayBuffer(ExperienceBuffer):
 
     def sample_split(
         self, sizes: Sequence[int], device: torch.device | None = None,
-        outs: Sequence[Mapping[str, torch.Tensor] | None] | None = None,
+        outs: Sequence[Mapping[str, torch.Tensor] | None] | None = None, *, reserve: bool = False,
     ) -> tuple[list[dict[str, torch.Tensor]], Sampled]:
         """One draw of ``sum(sizes)`` rows, gathered batch by batch (one lock).
 
@@ -302,9 +321,7 @@ class ReplayBuffer(ExperienceBuffer):
         is a fresh mapping that page-faults afresh.
         """
         with self.lock:
-            if self.storage is None or self.table.count == 0:
-                raise SemanticsError("cannot sample from an empty buffer")
-            draw = self.sampler.sample(sum(sizes), self.table, self.rng)
+            draw = self._select(sum(sizes), reserve)
             assert self._order is not None
             self._order.before_read()
             idx = draw.tensor if draw.tensor is not None else torch.from_numpy(draw.array)
@@ -326,25 +343,31 @@ class ReplayBuffer(ExperienceBuffer):
         indices = draw.indices
         return DrawnRows(indices, self.table.ids[indices])
 
-    def delivered(self, indices: np.ndarray, ids: np.ndarray) -> int:
+    def delivered(self, indices: np.ndarray, ids: np.ndarray, *, reserved: bool = False) -> int:
         """Count a delivered batch's rows as sampled; evict rows reaching ``max_times_sampled``.
 
         Called when a learner receives the batch, never when it is merely
-        prefetched. Returns how many rows were evicted.
+        prefetched; ``reserved``: its draw reserved the rows' uses (settled now).
+        Rows overwritten since the draw are skipped. Returns how many rows were evicted.
         """
-        if self.max_times_sampled is None:
+        if self.budget is None:
             return 0  # per-row counts only matter for eviction; the rate limiter counts totals
         with self.lock:
-            live = self.table.ids[indices] == ids
-            slots = indices[live]
-            np.add.at(self.table.times_sampled, slots, 1)
-            spent = slots[self.table.times_sampled[slots] >= self.max_times_sampled]
+            spent = self.budget.delivered(indices[self.table.ids[indices] == ids], reserved)
             if not spent.size:
                 return 0
-            freed = self.table.release(spent)
-            self.sampler.on_release(freed)
-            self.evicted_by_sampling += freed.size
-            return int(freed.size)
+            gone = self.table.release(spent)
+            self.sampler.on_release(gone)
+            self.evicted_by_sampling += gone.size
+            return int(gone.size)
+
+    def unreserve(self, indices: np.ndarray, ids: np.ndarray) -> None:
+        """A batch drawn with ``reserve=True`` will never reach a learner: its rows may be drawn again."""
+        if self.budget is None:
+            return
+        with self.lock:
+            self.budget.unreserve(indices[self.table.ids[indices] == ids])
+        self._notify(self.on_data)
 
     def update_priorities(self, indices: np.ndarray, ids: np.ndarray, priorities: np.ndarray) -> int:
         """Apply priorities where the slot still holds the sampled transition; returns how many applied."""
@@ -362,7 +385,10 @@ class ReplayBuffer(ExperienceBuffer):
         with self.lock:
             live = self.table.ids[indices] == ids
             if np.any(live):
-                self.sampler.update_priorities(indices[live], pr[live])
+                slots = indices[live]
+                self.sampler.update_priorities(slots, pr[live])
+                if self.budget is not None:
+                    self.budget.priorities_updated(slots)
             return int(live.sum())
 
     # -- what the learner side may set --------------------------------------------------
@@ -427,12 +453,15 @@ class ReplayBuffer(ExperienceBuffer):
             return {}
         return {k: v.cpu() for k, v in storage.read(0, high).items()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def check_state(self, state: dict[str, Any]) -> None:
         if int(state["capacity"]) != self.capacity:
             raise CheckpointError(f"capacity: checkpoint has {state['capacity']}, runtime has {self.capacity}")
         kind = state["sampler"]["kind"]
         if kind != self.sampler.name:
             raise CheckpointError(f"sampler: checkpoint used {kind!r}, runtime uses {self.sampler.name!r}")
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.check_state(state)
         with self.lock:
             if self.inserted:
                 raise CheckpointError("restore into a fresh runtime (this one already holds data)")
@@ -454,6 +483,7 @@ class ReplayBuffer(ExperienceBuffer):
     def release(self) -> None:
         """Free the storage (the runtime closed); the slot table stays readable."""
         with self.lock:
+            self.released = True
             if self.storage is not None:
                 self.storage.close()
             self.on_data.clear()

@@ -9,20 +9,34 @@ locks that keep inline invocations of one lane apart, pausing between invocation
 subclass says what one invocation is: :meth:`DataPath._claim_work` takes the
 next one under the condition, :meth:`DataPath._work` runs it outside.
 
-Lock order: a path's invocation lock, then its condition, then the buffer's lock.
-Buffer callbacks (``on_data``, ``on_room``) run outside the buffer's lock and take
-a path's condition.
+Lock order — the one rule for save, push and pull (take locks left to right,
+never a lock to the left of one already held):
+
+    ingestion's invocation lock -> delivery's invocation locks (lane order)
+      -> delivery's condition -> ingestion's condition -> the buffer's lock -> leaves
+
+A save (:meth:`conduit.Conduit.state_dict`) walks it whole: it pauses ingestion,
+then delivery (their invocation locks), settles the delivery's counts (its
+condition), reads the buffer's admissions under the ingestion's condition, and
+copies the rows holding no path lock. A push or pull takes a prefix of it. No
+thread waits for data or for room while it holds an invocation lock: an inline
+pull waiting for rows waits on the condition alone, so a save never waits for
+data and data never waits for a save. Buffer callbacks (``on_data``,
+``on_room``) run outside the buffer's lock and take one path's condition.
+Leaves (the rate limiter's lock, the spec holder's) take nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from conduit.core import Mode
+from conduit.errors import ConduitTimeout
 from conduit.executor import POLL_S, FailureBox, Worker, wait_until
 from conduit.operators import Graph, Operator
 from conduit.trace import Tracer
@@ -111,18 +125,37 @@ class DataPath(ABC):
         self.cond.wait(POLL_S)
 
     # -- control ------------------------------------------------------------------------
+    def _acquire(self, lock: threading.Lock, timeout: float, doing: str) -> None:
+        """Take an invocation lock within ``timeout``, or raise ConduitTimeout naming what holds it up."""
+        if not lock.acquire(timeout=max(0.0, timeout)):
+            raise self._held_up(timeout, doing)
+
+    def _held_up(self, timeout: float, doing: str) -> ConduitTimeout:
+        busy = "; ".join(self.activity()) or f"another thread is running a {self.name} invocation"
+        return ConduitTimeout(f"timed out after {timeout:.3g}s waiting to {doing}: {busy}")
+
+    @contextlib.contextmanager
+    def _all_invocations(self, timeout: float, doing: str) -> Iterator[None]:
+        """Hold every lane's invocation lock (taken within ``timeout`` in all): no inline invocation runs."""
+        deadline = time.monotonic() + timeout
+        with contextlib.ExitStack() as stack:
+            for lock in self._invoke_locks:
+                self._acquire(lock, deadline - time.monotonic(), doing)
+                stack.callback(lock.release)
+            yield
+
     @contextlib.contextmanager
     def paused(self, timeout: float | None = None) -> Iterator[None]:
         """No invocation runs inside this block (pushes still queue; staged batches can still be pulled)."""
         timeout = self.timeout if timeout is None else timeout
-        with contextlib.ExitStack() as stack:
-            for lock in self._invoke_locks:  # no inline invocation starts
-                stack.enter_context(lock)
+        deadline = time.monotonic() + timeout
+        with self._all_invocations(timeout, f"pause {self.name}"):  # no inline invocation starts
             with self.cond:
                 self._paused = True  # the worker starts none either
                 try:
-                    wait_until(self.cond, lambda: not self._working, timeout, self.failure,
-                               lambda: f"{self.name} to pause")
+                    wait_until(self.cond, lambda: not self._working, max(0.0, deadline - time.monotonic()),
+                               self.failure, lambda: f"{self.name} to pause: " + ("; ".join(self.activity())
+                                                                                  or "the worker is busy"))
                 except BaseException:
                     self._paused = False
                     raise
@@ -134,20 +167,23 @@ class DataPath(ABC):
                     self.cond.notify_all()
 
     def set_mode(self, mode: Mode, timeout: float | None = None) -> None:
-        """Switch timing and granularity while running; callers waiting on the old mode are handed to the new one."""
+        """Switch timing and granularity while running; callers waiting on the old mode are handed to the new one.
+
+        Within ``timeout``: an inline invocation that does not finish by then (a hook that hangs) makes
+        the switch raise ConduitTimeout with the mode unchanged.
+        """
         if mode == self.mode:
             return
         timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         self._before_switch(timeout)
-        with self.cond:
-            old, self.worker = self.worker, None
-            self._use_mode(mode)  # a retiring worker sees the new mode and claims nothing more
-            self.cond.notify_all()
+        with self._all_invocations(deadline - time.monotonic(), f"switch {self.name} to {mode}"):
+            with self.cond:  # no inline invocation of the old mode is in flight, and none starts
+                old, self.worker = self.worker, None
+                self._use_mode(mode)  # a retiring worker sees the new mode and claims nothing more
+                self.cond.notify_all()
         if old is not None:
-            old.stop(timeout)
-        for lock in self._invoke_locks:  # no inline invocation of the old mode in flight
-            with lock:
-                pass
+            old.stop(max(0.0, deadline - time.monotonic()))
         self.start()
         self._after_switch()
 
@@ -157,7 +193,16 @@ class DataPath(ABC):
     def _after_switch(self) -> None:
         """What the new mode picks up after a switch."""
 
-    def close(self, timeout: float) -> bool:
-        """Stop the worker; True when no thread is left."""
+    def activity(self) -> list[str]:
+        """What each thread inside an invocation of this path is doing now (for timeouts and ``close``)."""
+        return self.graph.activity()
+
+    def close(self, timeout: float) -> list[str]:
+        """Stop the worker, waiting at most ``timeout``; returns what is left behind: every thread still inside
+        an invocation (the worker, or a caller's inline one, which close never waits for)."""
         worker = self.worker
-        return worker.stop(timeout) if worker is not None else True
+        stopped = worker.stop(timeout) if worker is not None else True
+        left = self.activity()
+        if not stopped and worker is not None and worker.thread.ident not in self.graph.running:
+            left.append(f"the {self.name} worker thread {worker.thread.name!r} did not stop within {timeout:.3g}s")
+        return left

@@ -349,7 +349,9 @@ class DeliveryPath(DataPath):
         lock = self._invoke_locks[learner]
         while True:
             item = claim = None
-            with lock:
+            if not lock.acquire(True, max(0.0, deadline[0] - time.perf_counter())):  # another pull's invocation
+                raise self._held_up(deadline[1], f"pull for learner {learner}")
+            try:
                 with self._lock:
                     if self.mode.overlap:
                         return None
@@ -359,6 +361,8 @@ class DeliveryPath(DataPath):
                         claim, index = self._claim(learner, handed=True)
                 if claim is not None:
                     return self._deliver(claim, index)
+            finally:
+                lock.release()
             if item is not None:
                 return self._hand_over(learner, item, index)
             # nothing to serve yet: wait for data without the invocation lock (a checkpoint may need it)
@@ -462,15 +466,15 @@ class DeliveryPath(DataPath):
                 self.cond.wait(min(left, POLL_S))
             yield
 
-    def close(self, timeout: float) -> bool:
+    def close(self, timeout: float) -> list[str]:
         """Stop the worker, then drop what is staged (batches never delivered count as never sampled)."""
-        stopped = super().close(timeout)
+        left = super().close(timeout)
         with self._lock:  # after the worker stopped: its last invocation is staged
             for learner, staged in enumerate(self.staged):
                 for item in staged:
                     self._unstage(learner, item)
                 staged.clear()
-        return stopped
+        return left
 
     def _unstage(self, learner: int, item: Staged) -> None:
         """A staged batch will never be delivered (caller holds cond)."""

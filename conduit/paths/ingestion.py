@@ -13,6 +13,15 @@ first (``copy_on_push``, the default): the actor owns its arrays again when push
 returns, as with any replay buffer. ``copy=False`` hands the arrays over, for
 actors that build fresh ones per rollout.
 
+Bad input is refused at the offending ``push``, before anything is queued, with
+or without a hook: without one the unit is checked against the buffer's spec;
+with one, against the first unit's fields, dtypes and ranks (the hook's input
+spec: trailing sizes free), since a unit the buffer could not store must never
+reach a worker that would fail the runtime on it. A hook whose own output the
+buffer refuses fails the runtime, except inline at ``g = 1`` with free admission,
+where the push that ran it raises :class:`~conduit.errors.SpecError` and the
+runtime, the buffer and the counters are as they were.
+
 Granularity ``0 < g < 1`` (on-policy) splits each unit into pieces of
 ``ceil(g·rows)`` rows, one invocation each — but not a unit the buffer says to
 write whole (:attr:`~conduit.buffers.base.Ticket.closes`).
@@ -25,6 +34,7 @@ buffer it feeds.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -34,11 +44,12 @@ import torch
 
 from conduit.buffers.base import ANYWHERE, ExperienceBuffer, Ticket
 from conduit.core import Mode
+from conduit.errors import ConduitTimeout, SpecError
 from conduit.executor import FailureBox, StreamSet, adopt, fail, mark_producers, wait_until
 from conduit.hooks import ACTOR, EXPERIENCE_BUFFER, Reader, Writer
 from conduit.operators import FnOperator, HookOperator, Operator, OperatorKind, Packet
 from conduit.paths.base import DataPath
-from conduit.spec import Data, as_tensors, batch_size_of, rows_of
+from conduit.spec import Data, ExperienceSpec, as_tensors, batch_size_of, rows_of
 from conduit.trace import Tracer
 
 __all__ = ["IngestionPath", "IngestionStats", "Piece"]
@@ -46,7 +57,7 @@ __all__ = ["IngestionPath", "IngestionStats", "Piece"]
 HookFn = Callable[[Reader, Writer], object]
 
 
-@dataclass
+@dataclass(eq=False)
 class Piece:
     """A pushed unit, or a piece of one, waiting to be written."""
 
@@ -57,6 +68,8 @@ class Piece:
     ticket: Ticket = ANYWHERE
     #: the pushing thread's CUDA streams at push time (None for host data): the writer waits for them
     producers: dict[torch.device, torch.cuda.Event] | None = None
+    #: the pushing thread (an inline invocation of its own unit alone may hand a bad write back to it)
+    owner: int = 0
 
 
 @dataclass(frozen=True)
@@ -115,6 +128,7 @@ class IngestionPath(DataPath):
         self.flushing = 0
         self.stats = IngestionStats()
         self._identity = hook is None
+        self._input_spec: ExperienceSpec | None = None  # with a hook: the first unit's fields, dtypes and ranks
         self.streams = StreamSet(stream_device)
         self.start()
 
@@ -147,7 +161,7 @@ class IngestionPath(DataPath):
                 self.stats.push_s += time.perf_counter() - t0
                 return
         else:
-            tensors = as_tensors(data)
+            tensors = self._check_input(data)
             rows = batch_size_of(tensors)
         copy = self.copy_on_push if copy is None else copy
         copied = copy and self._defers()
@@ -172,17 +186,63 @@ class IngestionPath(DataPath):
                 parts = [tensors]
             producers = mark_producers(tensors)
             last = len(parts) - 1
-            self.queue.extend(
-                Piece(p, rows_of(p) if len(parts) > 1 else rows, i == last, ticket, producers)
+            owner = threading.get_ident()
+            mine = [
+                Piece(p, rows_of(p) if len(parts) > 1 else rows, i == last, ticket, producers, owner)
                 for i, p in enumerate(parts)
-            )
+            ]
+            self.queue.extend(mine)
             self.pending_units += 1
             self.stats.pushed_units += 1
             self.stats.pushed_rows += rows
             self.cond.notify_all()
         if not self.mode.overlap:
-            self._drain_inline(flush=False)
+            self._drain_own(mine, copy, timeout)
         self.stats.push_s += time.perf_counter() - t0
+
+    def _drain_own(self, mine: list[Piece], copy: bool, timeout: float) -> None:
+        """Inline: run what is pending, this push's unit included, waiting at most ``timeout`` for another
+        thread's invocation (a hook that hangs). Where that wait times out, the unit is taken back if no
+        invocation took it yet and admission was free (the push raises, nothing changed); else it stays queued,
+        copied first (``copy``), for the invocation in flight to ingest, and the push says so as it raises."""
+        lock = self._invoke_locks[0]
+        if lock.acquire(blocking=False):
+            lock.release()
+            self._drain_inline(flush=False, timeout=timeout)
+            return
+        if copy:  # the actor may refill its arrays while this push waits, or after it gives up
+            with self.cond:
+                for p in mine:
+                    if p in self.queue:  # by identity (eq=False)
+                        p.data = _own(p.data)
+        try:
+            self._drain_inline(flush=False, timeout=timeout)
+        except ConduitTimeout as exc:
+            with self.cond:
+                queued = all(p in self.queue for p in mine)
+                if queued and self.buffer.free_admission:
+                    for p in mine:
+                        self.queue.remove(p)
+                    self.pending_units -= 1
+                    self.stats.pushed_units -= 1
+                    self.stats.pushed_rows -= sum(p.rows for p in mine)
+                    raise ConduitTimeout(f"{exc}; this push's unit was not ingested") from None
+            raise ConduitTimeout(f"{exc}; this push's unit is queued and is ingested when that ends") from None
+
+    def _check_input(self, data: Data) -> dict[str, torch.Tensor]:
+        """With a hook: the unit as pushed (dense, detached), refused with SpecError unless it matches the first
+        unit's fields, dtypes (or casts that keep every value) and ranks."""
+        tensors = as_tensors(data)
+        spec = self._input_spec
+        if spec is None:
+            first = ExperienceSpec.infer(tensors, frozenset(tensors))  # every trailing size free, ranks fixed
+            first.validate(tensors)  # dense, non-empty
+            with self._lock:  # the first unit to get here defines it, whichever thread pushed it
+                if self._input_spec is None:
+                    self._input_spec = first
+                spec = self._input_spec
+        spec.validate(tensors)  # the result is discarded: the hook reads the unit as it was pushed
+        return {k: v.detach() if v.requires_grad else v for k, v in tensors.items()}
 
     def _push_direct(self, tensors: dict[str, torch.Tensor], rows: int) -> bool:
         """Inline, no hook, g = 1, free admission, nobody tracing, nothing queued: write now.
@@ -214,9 +274,11 @@ class IngestionPath(DataPath):
         return True
 
     def _describe_lag(self) -> str:
+        busy = self.activity()
+        doing = "; ".join(busy) if busy else "the ingestion worker is stalled"
         return (
-            f"ingestion to catch up ({self.pending_units} unit(s) pending, granularity {self.mode.granularity}); "
-            "the ingestion worker is stalled"
+            f"ingestion to catch up ({self.pending_units} unit(s) pending, granularity {self.mode.granularity}): "
+            f"{doing}"
         )
 
     # -- invocations ----------------------------------------------------------
@@ -241,22 +303,32 @@ class IngestionPath(DataPath):
         with self.streams.active():
             self._invoke(group)
 
-    def _drain_inline(self, flush: bool) -> None:
-        with self._invoke_locks[0]:
+    def _drain_inline(self, flush: bool, timeout: float | None = None) -> None:
+        """Run pending invocations in this thread; ``timeout`` bounds the wait for another thread's invocation
+        (a hook that hangs holds the path's invocation lock)."""
+        lock = self._invoke_locks[0]
+        self._acquire(lock, self.timeout if timeout is None else timeout, "run ingestion")
+        try:
             while True:
                 with self.cond:
                     group = self._take_group(flush)
                 if group is None:
                     return
-                self._invoke(group)
+                self._invoke(group, inline=True)
+        finally:
+            lock.release()
 
-    def _invoke(self, group: list[Piece]) -> None:
+    def _invoke(self, group: list[Piece], inline: bool = False) -> None:
         for p in group:  # on the worker's stream: after the actor's kernels that produced the unit
             adopt(p.data, p.producers)
         granularity = self.g_float
         packet = Packet([p.data for p in group], Invocation(granularity, group[0].ticket))
         try:
             self.graph.run(packet, granularity)
+        except SpecError as exc:
+            if inline and self._hand_back(group):
+                raise
+            fail(self.failure, "ingestion operator", exc)
         except Exception as exc:
             fail(self.failure, "ingestion operator", exc)
         with self.cond:
@@ -265,6 +337,21 @@ class IngestionPath(DataPath):
             self.cond.notify_all()
         for p in group:  # outside cond: sealing an iteration notifies the delivery path
             self.buffer.stored(p.ticket)
+
+    def _hand_back(self, group: list[Piece]) -> bool:
+        """A write the buffer refused whole (SpecError: nothing stored) of the calling thread's own unit alone,
+        admitted freely: un-count it, so that its push raises and the runtime is as it was. False otherwise."""
+        me = threading.get_ident()
+        if len(group) != 1 or group[0].owner != me or not group[0].unit_end or not self.buffer.free_admission:
+            return False
+        with self.cond:
+            self.pending_units -= 1
+            self.stats.pushed_units -= 1
+            self.stats.pushed_rows -= group[0].rows
+            if not self.stats.pushed_units:  # the unit that defined the hook's input spec was refused
+                self._input_spec = None
+            self.cond.notify_all()
+        return True
 
     def _write(self, packet: Packet) -> Packet:
         if not packet.parts:
@@ -290,7 +377,7 @@ class IngestionPath(DataPath):
         """Ingest everything pushed so far, including a partial group."""
         timeout = self.timeout if timeout is None else timeout
         if not self.mode.overlap:
-            self._drain_inline(flush=True)
+            self._drain_inline(flush=True, timeout=timeout)
             return
         with self.cond:
             self.flushing += 1
@@ -298,7 +385,8 @@ class IngestionPath(DataPath):
             try:
                 wait_until(
                     self.cond, lambda: self.pending_units == 0 and not self.queue, timeout, self.failure,
-                    lambda: f"ingestion to flush {self.pending_units} pending unit(s)",
+                    lambda: f"ingestion to flush {self.pending_units} pending unit(s)"
+                    + "".join(f"; {a}" for a in self.activity()),
                 )
             finally:
                 self.flushing -= 1
@@ -308,7 +396,7 @@ class IngestionPath(DataPath):
 
     def _after_switch(self) -> None:
         if not self.mode.overlap:
-            self._drain_inline(flush=False)  # units pushed while switching
+            self._drain_inline(flush=False, timeout=self.timeout)  # units pushed while switching
 
     # -- state ----------------------------------------------------------------
     def queued(self) -> tuple[list[Piece], int]:

@@ -1,4 +1,12 @@
-"""Off-policy delivery: ``g`` training batches sampled from the replay ring per invocation."""
+"""Off-policy delivery: ``g`` training batches sampled from the replay ring per invocation.
+
+Under ``max_times_sampled`` (a queue at 1) rows leave the buffer as they are used,
+so two invocations in flight must never count on the same rows: a claim *promises*
+itself its rows under the path's condition (:meth:`ReplayDelivery._ready` counts
+only rows no other claim has promised itself), and its draw reserves them in the
+buffer (:mod:`conduit.buffers.replay`), which settles each use when the batch
+reaches its learner or gives it back when a staged batch is dropped.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +30,8 @@ class ReplayClaim(Claim):
 
     invocation: int = 0
     drawn: Sampled | None = None
+    #: rows promised to this claim and not yet drawn (max_times_sampled)
+    promised: int = 0
 
     def place(self, part: int) -> Place:
         s = self.drawn
@@ -54,6 +64,9 @@ class ReplayDelivery(DeliveryPath):
         if batch_pool:  # the explicit ring decides
             self._memory = [None] * len(self.devices)
         self.limiter = buffer.limiter
+        #: rows leave as they are used (max_times_sampled): claims promise rows, draws reserve them
+        self._budgeted = buffer.max_times_sampled is not None
+        self._promised = 0  # rows promised to claims that have not drawn yet
         self._invocation = 0
         # which learners the storage's rows already sit on, redone only when the storage object changes
         # (placed, or migrated): comparing torch devices on every pull would cost more than the pull's bookkeeping
@@ -70,8 +83,11 @@ class ReplayDelivery(DeliveryPath):
 
     # -- what an invocation is ------------------------------------------------------------
     def _ready(self, learner: int) -> bool:
-        buffer = self.buffer  # ReplayBuffer.can_sample, one call shorter on every pull
-        return self.limiter.can_sample(self.g_units * self.batch_size, buffer.table.count)
+        table = self.buffer.table  # ReplayBuffer.can_sample, one call shorter on every pull
+        rows = self.g_units * self.batch_size
+        if not self.limiter.can_sample(rows, table.count):
+            return False
+        return not self._budgeted or table.sampleable - self._promised >= rows
 
     def _begin(self, learner: int, sampled_at_pull: int, handed: bool) -> ReplayClaim:
         g, n = self.g_units, self.batch_size
@@ -80,7 +96,18 @@ class ReplayDelivery(DeliveryPath):
             self.limiter.reserve(reserved)
         invocation = self._invocation
         self._invocation = invocation + 1
-        return ReplayClaim(learner, sampled_at_pull, self.mode, (n,) * g, reserved, invocation=invocation)
+        claim = ReplayClaim(learner, sampled_at_pull, self.mode, (n,) * g, reserved, invocation=invocation)
+        if self._budgeted:
+            claim.promised = g * n
+            self._promised += g * n
+        return claim
+
+    def _drew(self, claim: ReplayClaim) -> None:
+        """The claim's draw reserved its rows in the buffer: its promise is kept."""
+        if claim.promised:
+            with self._lock:
+                self._promised -= claim.promised
+                claim.promised = 0
 
     def _local(self, learner: int) -> bool:
         storage = self.buffer.storage
@@ -100,22 +127,24 @@ class ReplayDelivery(DeliveryPath):
         ``g·B`` allocation above glibc's mmap ceiling would page-fault afresh every time).
         """
         learner, sizes = claim.learner, claim.sizes
-        buffer, to = self.buffer, self._gather_to[learner]
+        buffer, to, reserve = self.buffer, self._gather_to[learner], self._budgeted
         n = sizes[0]
         if len(sizes) == 1:
             memory = self._memory[learner]  # _recycled's first case, a call shorter on every pull
             spec = buffer.spec
             out = memory.take(spec, n) if memory is not None and spec is not None else self._recycled(learner, n)
-            s = buffer.draw(n, to, out)
+            s = buffer.draw(n, to, out, reserve=reserve)
             parts = [s.data]
         else:
             outs = [self._recycled(learner, n) for _ in sizes]
             if any(o is not None for o in outs):
-                parts, s = buffer.sample_split(list(sizes), to, outs)
-            else:
-                s = buffer.sample(n * len(sizes), to)  # the joint block may recycle where a batch does not
+                parts, s = buffer.sample_split(list(sizes), to, outs, reserve=reserve)
+            else:  # the joint block may recycle where a batch does not
+                s = buffer.sample(n * len(sizes), to, reserve=reserve)
                 parts = [{k: v[i * n : (i + 1) * n] for k, v in s.data.items()} for i in range(len(sizes))]
         claim.drawn = s
+        if reserve:
+            self._drew(claim)
         claim.buffer_version = s.version
         return parts
 
@@ -159,19 +188,28 @@ class ReplayDelivery(DeliveryPath):
         else:  # handed over in the invocation that sampled it: no reservation between
             limiter.sampled(rows)
         buffer = self.buffer
-        if buffer.max_times_sampled is not None:  # else nothing is counted per row (and the arrays stay unmade)
-            buffer.delivered(info.indices, info.ids)
+        if self._budgeted:  # else nothing is counted per row (and the arrays stay unmade)
+            buffer.delivered(info.indices, info.ids, reserved=True)
         if limiter.samples_per_insert is not None:
             buffer.counted()  # actors may be waiting for learners to sample
 
     def _abandon(self, claim: Claim) -> None:
+        assert isinstance(claim, ReplayClaim)
         if claim.reserved:
             self.limiter.release(claim.reserved)
+        self._drew(claim)  # a promise not drawn on is released with it
+        if self._budgeted and claim.drawn is not None:
+            self.buffer.unreserve(claim.drawn.indices, claim.drawn.ids)
 
     def _unstage(self, learner: int, item: Staged) -> None:
         self.limiter.release(len(item.info.rows))
+        if self._budgeted:
+            self.buffer.unreserve(item.info.indices, item.info.ids)
 
     def _describe_wait(self, learner: int) -> str:
+        busy = self.activity()
+        if busy and (self.staged[learner] or self._ready(learner) or self._busy[learner]):  # data is not the wait
+            return f"a batch for learner {learner}: " + "; ".join(busy)
         return (
             f"a batch for learner {learner}: the buffer holds {self.buffer.size} rows and sampling starts at "
             f"{self.min_rows} (min_size_to_sample); push more rollouts, or flush() units still pending ingestion; "

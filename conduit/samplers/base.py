@@ -56,7 +56,15 @@ class Sampler(ABC):
 
     @abstractmethod
     def sample(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
-        """``n`` live slots."""
+        """``n`` live slots (with replacement where the sampler draws at random)."""
+
+    @abstractmethod
+    def sample_distinct(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
+        """``n`` distinct slots a draw may take (:meth:`SlotTable.candidates`), in the sampler's order.
+
+        What a draw under ``max_times_sampled`` takes: a row at most once per draw, so no draw
+        outruns a row's remaining uses. The caller checks that ``table.sampleable >= n``.
+        """
 
     def on_insert(self, slots: np.ndarray) -> None:
         """New rows were written to ``slots`` (overwriting what was there)."""

@@ -60,6 +60,40 @@ class PrioritizedSampler(Sampler):
         weights = np.power(probs / p_min, -self.beta).astype(np.float32)
         return Draw(idx, weights)
 
+    def sample_distinct(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
+        """``n`` distinct slots, each round drawn in proportion to priority among the rows not yet taken.
+
+        A stratified draw, then the rows it repeated are drawn again from the rest of the mass (their
+        leaves set to 0 for the next round, restored after); weights are those of the first round's
+        distribution, as in :meth:`sample`. Rows with priority 0 (held) are never drawn.
+        """
+        total = self.tree.total
+        if total <= 0:
+            raise ValueError("cannot sample: every live transition has priority 0")
+        p_min = self.tree.min / total
+        chosen = np.empty(0, dtype=np.int64)
+        taken_values = np.empty(0, dtype=np.float64)
+        try:
+            while chosen.size < n:
+                mass = self.tree.total
+                if mass <= 0:
+                    raise ValueError(f"cannot draw {n} distinct rows: {chosen.size} have non-zero priority")
+                want = n - chosen.size
+                points = (np.arange(want) + rng.random(want)) * (mass / want)
+                np.clip(points, 0.0, np.nextafter(mass, 0.0), out=points)
+                found = self.tree.find(points)
+                _, first = np.unique(found, return_index=True)
+                new = found[np.sort(first)]
+                values = self.tree.get(new).copy()
+                chosen = np.concatenate([chosen, new])
+                taken_values = np.concatenate([taken_values, values])
+                self.tree.update(new, np.zeros(new.size))
+        finally:
+            if chosen.size:
+                self.tree.update(chosen, taken_values)
+        weights = np.power((taken_values / total) / p_min, -self.beta).astype(np.float32)
+        return Draw(chosen, weights)
+
     def update_priorities(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         pr = np.abs(np.asarray(priorities, dtype=np.float64)) + self.eps
         if not np.all(np.isfinite(pr)):

@@ -20,19 +20,24 @@ class UniformSampler(Sampler):
         """Draws with torch's generator: the gather takes the index tensor as it is, and a gather right after
         a numpy draw of the same distribution runs slower (BENCHMARKS.md, "Delivery and ingestion")."""
         count = table.count
-        if count == table.high:  # contiguous: the live slots are [0, count)
+        if count == table.high and not table.held_count:  # contiguous: the live slots are [0, count)
             if count <= 0:
                 _require(table)
             # the tensor alone: its array is made only if someone reads it (conduit.batch.DrawnRows)
             return Draw(None, None, torch.randint(0, count, (n,), generator=self.generator))
         _require(table)
-        valid = table.valid_slots()
+        valid = table.candidates()
         pick = torch.randint(0, valid.size, (n,), generator=self.generator).numpy()
         return Draw(valid[pick])
 
+    def sample_distinct(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
+        """Every ``n``-subset of the candidates equally likely (numpy's choice without replacement)."""
+        valid = table.candidates()
+        return Draw(valid[rng.choice(valid.size, n, replace=False)])
+
 
 def _ordered(n: int, table: SlotTable, newest: bool) -> np.ndarray:
-    valid = table.valid_slots()
+    valid = table.candidates()
     key = -table.ids[valid] if newest else table.ids[valid]
     k = min(n, valid.size)
     pick = np.argpartition(key, k - 1)[:k] if k < valid.size else np.arange(valid.size)
@@ -50,6 +55,9 @@ class FifoSampler(Sampler):
         _require(table)
         return Draw(_ordered(n, table, newest=False))
 
+    def sample_distinct(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
+        return Draw(_ordered(n, table, newest=False))
+
 
 class LifoSampler(Sampler):
     """The ``n`` newest live transitions, newest first (a stack)."""
@@ -58,4 +66,7 @@ class LifoSampler(Sampler):
 
     def sample(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
         _require(table)
+        return Draw(_ordered(n, table, newest=True))
+
+    def sample_distinct(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
         return Draw(_ordered(n, table, newest=True))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from conduit.cli.errors import user_errors
 from rich.console import Console
 from rich.table import Table
 
@@ -175,7 +176,9 @@ def plan(
         None, "--learner", help="Learner device(s), repeated or comma-separated (default cuda:0 if any GPU, else cpu)."
     ),
     headroom: float = typer.Option(0.1, "--headroom", min=0.0, max=0.99, help="Fraction of memory left unused."),
-    kind: list[str] | None = typer.Option(None, "--kind", help="Restrict candidates to these kinds (repeatable)."),
+    kind: list[PlacementKind] | None = typer.Option(
+        None, "--kind", case_sensitive=False, help="Restrict candidates to these kinds (repeatable)."
+    ),
     map_min: int | None = typer.Option(None, "--map-min", min=1, help="Placement map from (a dim, or bytes with -x)."),
     map_max: int | None = typer.Option(None, "--map-max", min=1, help="Placement map up to (a dim, or bytes with -x)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
@@ -187,12 +190,12 @@ def plan(
     by_dim = sample_bytes is None
     d = DEFAULT_DIM if dim is None and by_dim else dim
     x = transition_bytes(d) if d is not None else int(sample_bytes or 0)
-    try:
+    with user_errors():
         topo, source = load_topology(topology)
         learners = _split(learner) or (["cuda:0"] if topo.gpus(0) else ["cpu"])
         request = PlacementRequest(
             actors=_split(actor) or ["cpu"], learners=learners, capacity=capacity, headroom=headroom,
-            kinds=frozenset(PlacementKind(k) for k in _split(kind)) if kind else None,
+            kinds=frozenset(kind) if kind else None,
         )
         evaluations = evaluate_candidates(topo, request, x)
         if by_dim:
@@ -203,11 +206,6 @@ def plan(
         if x_hi < x_lo:
             raise typer.BadParameter(f"--map-max ({map_max}) must be >= --map-min ({map_min})")
         placement_map = build_placement_map(topo, request, x_min=x_lo, x_max=x_hi)
-    except (PlacementError, ValueError) as e:
-        if isinstance(e, typer.BadParameter):
-            raise
-        err.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(code=2) from e
     chosen = linear_scan(evaluations)
     error = None if chosen is not None else infeasibility_message(evaluations, request, x)
     regions = _map_json(topo, placement_map, by_dim)

@@ -11,6 +11,7 @@ machine-readably. The cost-model validation sweep is a benchmark (``conduit benc
 
 from __future__ import annotations
 
+import difflib
 import json
 import platform
 import statistics
@@ -21,12 +22,14 @@ from typing import Any
 
 import torch
 import typer
-import yaml
+from conduit.cli.errors import user_errors
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from conduit.core import INLINE, Policy
+from conduit.errors import ConfigError
+from conduit.files import read_mapping
 from conduit.samplers import sumtree
 from conduit.scheduling.model import Costs, predict
 from conduit.scheduling.profiler import ProfileSettings, interleaved_medians, profile_workload
@@ -55,14 +58,18 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def _load_config(path: Path | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    text = path.read_text()
-    data = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else json.loads(text)
-    if not isinstance(data, dict):
-        raise typer.BadParameter(f"{path}: expected a mapping of workload fields")
-    return data
+def _workloads(policy: str, fields: dict[str, Any], config: Path | None) -> list[SyntheticWorkload]:
+    """The workloads to profile: the options, overridden by the ``--config`` file's fields."""
+    if config is not None:
+        fields = {**fields, **read_mapping(config, "--config file")}
+    known = set(SyntheticWorkload.__dataclass_fields__) - {"policy"}
+    unknown = sorted(set(fields) - known - {"policy"})
+    if unknown:
+        close = {k: difflib.get_close_matches(k, sorted(known), n=1) for k in unknown}
+        hints = ", ".join(f"{k!r}" + (f" (did you mean {c[0]!r}?)" if c else "") for k, c in close.items())
+        raise ConfigError(f"--config file {str(config)!r}: unknown field(s) {hints}; valid: {', '.join(sorted(known))}")
+    return [SyntheticWorkload(policy=pol, **{k: v for k, v in fields.items() if k != "policy"})
+            for pol in POLICIES[policy]]
 
 
 def profile(
@@ -92,17 +99,14 @@ def profile(
         units_per_iteration=units_per_iteration, num_minibatches=minibatches, num_epochs=epochs,
         rollout_ms=rollout_ms, update_ms=update_ms, cost=cost,
     )
-    fields.update(_load_config(config))
+    with user_errors():
+        workloads = _workloads(policy, fields, config)
     console = Console(stderr=as_json)
     t_start = time.perf_counter()
     out: dict[str, Any] = {"machine": machine_info(), "workloads": []}
     if not as_json:
         _print_machine(console, out["machine"])
-    for pol in POLICIES[policy]:
-        try:
-            workload = SyntheticWorkload(policy=pol, **{k: v for k, v in fields.items() if k != "policy"})
-        except TypeError as e:
-            raise typer.BadParameter(f"--config: {e}") from e
+    for workload in workloads:
         out["workloads"].append(_profile_one(console, workload, g_max, check, as_json))
     out["seconds"] = time.perf_counter() - t_start
     if as_json:

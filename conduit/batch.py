@@ -148,6 +148,25 @@ class BatchInfo(NamedTuple):
         d["weights"] = None if weights is None else _array(weights, np.float32)
         return cls(**d)
 
+    def __repr__(self) -> str:
+        """A short summary; every field's full data is :meth:`describe` (or the attributes themselves)."""
+        where = (
+            f"iteration={self.iteration}, epoch={self.epoch}, minibatch={self.minibatch}/{self.num_minibatches}"
+            if self.epoch is not None else f"invocation={self.iteration}"
+        )
+        weighted = "" if self.weights is None else ", weighted"
+        return (
+            f"BatchInfo({len(self.rows)} rows, learner={self.learner}, pull={self.pull_index}, {where}, "
+            f"version={self.buffer_version}, staleness={self.staleness}, mode={self.mode}{weighted})"
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """Every field in full, the rows' slots, ids and weights included."""
+        out = self._asdict()
+        out.pop("rows")
+        out.update(indices=self.indices, ids=self.ids)
+        return out
+
     @property
     def staleness(self) -> int:
         """Batches between when an inline schedule would have sampled this one and its delivery."""

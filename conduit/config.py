@@ -1,8 +1,10 @@
 """Configuration, built from what RL frameworks already expose.
 
 pydantic (v2) earns its place here: typed, frozen models with field-level
-validation and error messages that name the field, the received value and the
-reason, for free, plus JSON round-trips for checkpoints and the CLI.
+validation, plus JSON round-trips for checkpoints and the CLI. Its errors are
+turned into one :class:`~conduit.errors.ConfigError` (a ``ValueError``) whose
+message lists each bad field as the user wrote it, what it got and what is
+allowed (:func:`explain`).
 
 Users give the RL configuration they have (off- or on-policy, batch sizes,
 ``M`` mini-batches, capacity). Granularities, overlap and placement are chosen
@@ -11,11 +13,12 @@ by Conduit; they may be *pinned* here for experiments.
 
 from __future__ import annotations
 
+import difflib
 from fractions import Fraction
 from typing import Annotated, Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from conduit.core import (
     Mode,
@@ -28,6 +31,7 @@ from conduit.core import (
     ingestion_space,
     is_feasible_mode,
 )
+from conduit.errors import ConfigError
 
 __all__ = [
     "ConduitConfig",
@@ -38,10 +42,61 @@ __all__ = [
     "SamplerKind",
     "SchedulePin",
     "Tuning",
+    "explain",
 ]
 
 
-class RateLimit(BaseModel):
+def explain(exc: ValidationError, model: type[BaseModel], where: str | None = None) -> str:
+    """pydantic's errors as a person reads them: one line per bad field, with what it got and what is allowed."""
+    lines = []
+    for e in exc.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        if e["type"] == "extra_forbidden":
+            owner = _model_at(model, e["loc"][:-1])
+            valid = sorted(owner.model_fields) if owner is not None else []
+            close = difflib.get_close_matches(str(e["loc"][-1]), valid, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"valid: {', '.join(valid)}"
+            lines.append(f"{loc}: not a setting (got {got!r}); {hint}")
+        elif e["type"] == "missing":
+            lines.append(f"{loc}: required, not given")
+        elif not loc:  # a rule across fields: its message names them
+            lines.append(msg)
+        elif isinstance(e.get("ctx", {}).get("error"), ConfigError):  # a nested model's own explanation
+            lines.append(f"{loc}: {msg}")
+        else:
+            lines.append(f"{loc}: {msg} (got {got!r})")
+    head = where or f"invalid {model.__name__}"
+    if len(lines) == 1:
+        return f"{head}: {lines[0]}"
+    return f"{head} ({len(lines)} problems):\n  - " + "\n  - ".join(lines)
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The (nested) model a location points into."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None)
+        candidates = [ann, *getattr(ann, "__args__", ())]
+        nested = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if nested is None:
+            return None
+        model = nested
+    return model
+
+
+class _Config(BaseModel):
+    """A config model whose construction errors are :class:`ConfigError` (see :func:`explain`)."""
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(explain(exc, type(self))) from None
+
+
+class RateLimit(_Config):
     """Keep learners' samples and actors' inserts in ratio (Reverb's ``SampleToInsertRatio``).
 
     ``samples_per_insert`` sampled rows per inserted row, within ``± tolerance``
@@ -56,7 +111,7 @@ class RateLimit(BaseModel):
     block: bool = True
 
 
-class PrioritizedReplay(BaseModel):
+class PrioritizedReplay(_Config):
     """Prioritized experience replay (Schaul et al.): ``P(i) ∝ p_i^alpha``, IS weights with ``beta``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -66,7 +121,7 @@ class PrioritizedReplay(BaseModel):
     eps: Annotated[float, Field(gt=0.0, description="added to |td error| so no priority is 0")] = 1e-6
 
 
-class SchedulePin(BaseModel):
+class SchedulePin(_Config):
     """Pin overlap/granularity for experiments; ``None`` leaves a knob to Conduit.
 
     ``SchedulePin.of(schedule)`` pins all four knobs to a :class:`~conduit.core.Schedule`.
@@ -100,7 +155,7 @@ class SchedulePin(BaseModel):
             raise ValueError(f"granularity must be a positive number or fraction like '1/4', got {v!r}") from e
 
 
-class Tuning(BaseModel):
+class Tuning(_Config):
     """Hot-path knobs a user should never need: the defaults are what the benchmarks measure fastest.
 
     Attributes:
@@ -139,7 +194,7 @@ class Tuning(BaseModel):
         return v
 
 
-class ConduitConfig(BaseModel):
+class ConduitConfig(_Config):
     """Everything the runtime needs, validated at construction.
 
     Attributes:

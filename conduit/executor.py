@@ -106,7 +106,11 @@ class FailureBox:
             if self._error is None:
                 tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
                 self._error = classify(where, exc, tb)
-                log.error("conduit: %s failed: %r", where, exc)
+                first = (str(exc).strip().splitlines() or [""])[0]
+                log.error(
+                    "conduit: %s failed with %s: %s (re-raised, with its traceback, from the next call)",
+                    where, type(exc).__name__, first,
+                )
             return self._error
 
     @property

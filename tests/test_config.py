@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 from pydantic import ValidationError
 
-from conduit import ConduitConfig, Mode, Policy, Schedule, SchedulePin
+from conduit import ConduitConfig, ConfigError, Mode, Policy, Schedule, SchedulePin
 from conduit.core import delivery_space, feasible_schedules, ingestion_space
 
 
@@ -45,9 +45,22 @@ def on(**kw):
     ],
 )
 def test_bad_configs_are_rejected_with_the_field_and_value(make, kw, fragment):
-    with pytest.raises(ValidationError) as e:
+    with pytest.raises(ConfigError) as e:
         make(**kw)
     assert fragment in str(e.value)
+    assert isinstance(e.value, ValueError) and "errors.pydantic.dev" not in str(e.value)
+
+
+def test_a_config_error_lists_every_bad_field_as_written_with_what_it_got_and_what_is_allowed():
+    with pytest.raises(ConfigError) as e:
+        off(sampler="prioritised", capcity=3, rate_limit={"samples_per_insert": -1, "tolrance": 3})
+    text = str(e.value)
+    assert "sampler: Input should be 'uniform', 'prioritized', 'fifo' or 'lifo' (got 'prioritised')" in text
+    assert "capcity: not a setting (got 3); did you mean 'capacity'?" in text
+    assert "rate_limit.tolrance" in text or "tolrance: not a setting (got 3); did you mean 'tolerance'?" in text
+    assert "samples_per_insert: Input should be greater than 0 (got -1)" in text
+    with pytest.raises(ConfigError, match=r"zzz: not a setting \(got 1\); valid: capacity, copy_on_push"):
+        off(zzz=1)
 
 
 def test_configs_are_frozen():

@@ -22,7 +22,7 @@ def test_the_readme_has_python_blocks():
 def test_a_readme_block_runs_as_written(block):
     namespace = {k: v for k, v in vars(readme_fixtures).items() if not k.startswith("__")}
     namespace["conduit"] = conduit
-    exec(compile(block, str(README), "exec"), namespace)  # noqa: S102  (the README is ours)
+    exec(compile(block, str(README), "exec"), namespace)
     edp = namespace.get("edp")
     if isinstance(edp, conduit.Conduit):
         edp.close()

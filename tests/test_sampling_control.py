@@ -7,10 +7,9 @@ import time
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
 
 from conduit import Conduit, ConduitConfig, Mode, Schedule
-from conduit.errors import ConduitTimeout, RateLimited
+from conduit.errors import ConduitTimeout, ConfigError, RateLimited
 from conduit.ratelimit import RateLimiter
 from conduit.slots import FifoRemover, LifoRemover, SlotTable, UniformRemover
 from tests.helpers import transitions
@@ -176,9 +175,9 @@ def test_blocking_pull_times_out_when_actors_stop():
 
 
 def test_sampling_controls_are_validated():
-    with pytest.raises(ValidationError, match="needs sampler='prioritized'"):
+    with pytest.raises(ConfigError, match="needs sampler='prioritized'"):
         ConduitConfig(policy="off_policy", train_batch_size=4, capacity=8, remover="prioritized")
-    with pytest.raises(ValidationError, match="smaller than one batch"):
+    with pytest.raises(ConfigError, match="smaller than one batch"):
         ConduitConfig(policy="off_policy", train_batch_size=4, capacity=8, rate_limit=dict(samples_per_insert=1, tolerance=2))
-    with pytest.raises(ValidationError, match="max_times_sampled"):
+    with pytest.raises(ConfigError, match="max_times_sampled"):
         ConduitConfig(policy="on_policy", train_batch_size=8, max_times_sampled=1)

@@ -13,6 +13,7 @@ has been written.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,8 @@ from conduit.storage.base import Storage
 from conduit.storage.policy import StoragePolicy, copy_rows
 
 __all__ = ["Iteration", "IterationBuffer", "laid_out"]
+
+log = logging.getLogger("conduit")
 
 
 class IterationBuffer(ExperienceBuffer):
@@ -99,6 +102,7 @@ class IterationBuffer(ExperienceBuffer):
         # admitted and written; an iteration closed at the push side is sealed once they agree
         self._push_iter = 0
         self._push_rows = 0
+        self._warned_long = False  # an iteration longer than train_batch_size is said once
         self._pieces_pushed: dict[int, int] = {}
         self._pieces_done: dict[int, int] = {}
         self._closed: set[int] = set()
@@ -134,6 +138,14 @@ class IterationBuffer(ExperienceBuffer):
             self._pieces_pushed[it] = self._pieces_pushed.get(it, 0) + pieces
             self._push_rows += rows
             if self._push_rows >= self.expected_rows:
+                if self._push_rows > self.expected_rows and not self._warned_long:
+                    self._warned_long = True
+                    log.warning(
+                        "conduit: on-policy iteration %d holds %d rows, not train_batch_size=%d: a pushed unit is "
+                        "never split across iterations, so the unit that crosses train_batch_size ends its "
+                        "iteration whole (said once). Push units whose sizes add up to train_batch_size for "
+                        "iterations of exactly that size.", it, self._push_rows, self.expected_rows,
+                    )
                 self._close_push_iteration()
             return Ticket(it, pieces, closes)
 

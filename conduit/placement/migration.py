@@ -182,8 +182,7 @@ def round_flows(flows: np.ndarray, sources: Sequence[int], targets: Sequence[int
         raise PlacementError(f"volumes: expected at most {_INT32_MAX} samples in all, received {total}")
     if total == 0:
         return np.zeros((m, n), dtype=np.int64)
-    near = np.abs(f - np.rint(f)) < 1e-6
-    ceil = np.where(near, np.rint(f), np.ceil(f)).clip(0, None)
+    ceil = np.ceil(f - 1e-6).clip(0, None)  # up to 1e-6 above an integer is LP noise: that integer
     usable = bw > 0
     for caps in (ceil, ceil + 1, np.full((m, n), float(total))):  # the last two only absorb LP noise
         cap = np.where(usable, np.minimum(caps, total), 0).astype(np.int64)

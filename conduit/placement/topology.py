@@ -39,34 +39,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from conduit.errors import PlacementError
+from conduit.files import file_format, read_mapping
+from conduit.placement.explain import explain_file_errors
 from conduit.placement.units import expand_unit_keys
 
-__all__ = ["Device", "DeviceKind", "Node", "Topology", "describe_validation_error", "endpoint_ids"]
+__all__ = ["Device", "DeviceKind", "Node", "Topology", "endpoint_ids"]
 
 PositiveFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 PositiveInt = Annotated[int, Field(gt=0)]
 
 _ID_RE = re.compile(r"^(?:node(\d+)/)?(cpu|pinned|cuda:(\d+))$")
 _GPU_VECTORS = ("gpu_memory_bytes", "gpu_local", "host_to_gpu", "gpu_to_host", "pinned_to_gpu", "gpu_to_pinned")
-
-
-def describe_validation_error(error: ValidationError, what: str) -> str:
-    """One line per problem: ``field.path: message (received: value)``."""
-    lines = [f"invalid {what}:"]
-    for item in error.errors():
-        loc = ".".join(str(p) for p in item.get("loc", ()))
-        msg = str(item.get("msg", "")).removeprefix("Value error, ")
-        if msg.startswith("invalid ") and "\n" in msg:  # a nested model's own report: re-root its lines
-            for sub in msg.splitlines()[1:]:
-                sub = sub.strip()
-                lines.append(f"  {loc}.{sub}" if loc else f"  {sub}")
-            continue
-        line = f"{loc}: {msg}" if loc else msg
-        received = item.get("input")
-        if item.get("type") != "value_error" and not isinstance(received, (dict, list, tuple)):
-            line += f" (received: {received!r})"
-        lines.append("  " + line)
-    return "\n".join(lines)
 
 
 class _Model(BaseModel):
@@ -78,7 +61,8 @@ class _Model(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as e:
-            raise PlacementError(describe_validation_error(e, type(self).__name__)) from e
+            nested = {"nodes": Node} if isinstance(self, Topology) else None
+            raise PlacementError(explain_file_errors(e, type(self).__name__, data, type(self), nested)) from None
 
 
 class DeviceKind(str, Enum):
@@ -377,10 +361,7 @@ class Topology(_Model):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Topology:
         """Validate a mapping (canonical or unit-suffixed keys); errors are :class:`PlacementError`."""
-        try:
-            return cls.model_validate(dict(data))
-        except ValidationError as e:
-            raise PlacementError(describe_validation_error(e, "Topology")) from e
+        return cls(**dict(data))
 
     def to_dict(self) -> dict[str, Any]:
         """Canonical units (bytes, bytes/s); ``from_dict(to_dict())`` is the identity."""
@@ -390,42 +371,21 @@ class Topology(_Model):
     def load(cls, path: str | Path) -> Topology:
         """Read a ``.json``, ``.yaml`` or ``.yml`` file."""
         p = Path(path)
-        fmt = _format_of(p)
+        data = read_mapping(p, "topology file", PlacementError)
         try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as e:
-            raise PlacementError(f"topology file {str(p)!r}: cannot be read ({e})") from e
-        try:
-            data = json.loads(text) if fmt == "json" else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as e:
-            raise PlacementError(f"topology file {str(p)!r}: not valid {fmt.upper()} ({e})") from e
-        if not isinstance(data, Mapping):
-            raise PlacementError(
-                f"topology file {str(p)!r}: expected a mapping at the top level, received {type(data).__name__}"
-            )
-        try:
-            return cls.model_validate(dict(data))
-        except ValidationError as e:
-            raise PlacementError(describe_validation_error(e, f"topology file {str(p)!r}")) from e
+            return cls(**dict(data))
+        except PlacementError as e:
+            raise PlacementError(str(e).replace("invalid Topology:", f"invalid topology file {str(p)!r}:", 1)) from None
 
     def save(self, path: str | Path) -> None:
         """Write canonical units; the format follows the extension (``.json``, ``.yaml``, ``.yml``)."""
         p = Path(path)
-        fmt = _format_of(p)
+        fmt = file_format(p, "topology file", PlacementError)
         data = self.to_dict()
         if fmt == "json":
             p.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         else:
             p.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=None), encoding="utf-8")
-
-
-def _format_of(path: Path) -> str:
-    suffix = path.suffix.lower()
-    if suffix == ".json":
-        return "json"
-    if suffix in (".yaml", ".yml"):
-        return "yaml"
-    raise PlacementError(f"topology file {str(path)!r}: expected a .json, .yaml or .yml extension, received {suffix!r}")
 
 
 def endpoint_ids(topology: Topology, ids: str | Sequence[str], what: str) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from conduit.config import explain
 from conduit.errors import ConfigError
 
 __all__ = ["BufferOptions", "ConduitRLlibOptions", "Staleness", "parse_options"]
@@ -105,8 +106,4 @@ def parse_options(model: type[BaseModel], values: dict[str, Any] | None, where: 
     try:
         return model(**(values or {}))
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']} (got {e.get('input')!r})"
-            for e in exc.errors()
-        )
-        raise ConfigError(f"{where}: {problems}") from None
+        raise ConfigError(explain(exc, model, where)) from None

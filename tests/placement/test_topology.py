@@ -160,7 +160,7 @@ def test_cross_node_bandwidth_is_the_bottleneck() -> None:
     ("change", "field", "expected"),
     [
         ({"host_to_gpu_gb_per_s": [12]}, "host_to_gpu", "expected 2 values"),
-        ({"host_memory_gib": -1}, "host_memory_bytes", "greater than 0"),
+        ({"host_memory_gib": -1}, "nodes[0].host_memory_gib", "greater than 0 (received -1)"),
         ({"gpu_to_gpu_gb_per_s": [[None, 1]]}, "gpu_to_gpu", "expected a 2x2 matrix"),
         ({"gpu_to_gpu_gb_per_s": [[5, 1], [1, None]]}, "gpu_to_gpu[0][0]", "expected 0 or null on the diagonal"),
         ({"gpu_to_gpu_gb_per_s": [[None, 0], [1, None]]}, "gpu_to_gpu[0][1]", "expected a bandwidth > 0"),
@@ -168,7 +168,8 @@ def test_cross_node_bandwidth_is_the_bottleneck() -> None:
         ({"pinned_to_gpu_gb_per_s": None}, "pinned_to_gpu", "expected 2 values"),
         ({"gpu_memory_gib": [1, 2, 3]}, "gpu_memory_bytes", "expected 2 values"),
         ({"host_memcpy": 5.0}, "host_memcpy", "given twice"),
-        ({"bogus_field": 1}, "bogus_field", "Extra inputs are not permitted"),
+        ({"bogus_field": 1}, "bogus_field", "not a known key; valid keys: gpu_local_gb_per_s"),
+        ({"host_memroy_gib": 1}, "host_memroy_gib", "did you mean 'host_memory_gib'?"),
         ({"gpus": -2}, "gpus", "expected a GPU count"),
     ],
 )
@@ -178,6 +179,14 @@ def test_validation_names_the_field(change: dict[str, object], field: str, expec
     message = str(info.value)
     assert field in message and expected in message, message
     assert isinstance(info.value, ValueError)
+
+
+def test_a_scalar_repeated_per_gpu_is_reported_once_in_the_files_units() -> None:
+    with pytest.raises(PlacementError) as info:
+        Topology.from_dict({"name": "bad", "nodes": [_node(gpu_memory_gib=-79)]})
+    message = str(info.value)
+    assert message.count("gpu_memory_gib") == 1 and "(received -79)" in message, message
+    assert "bytes" not in message
 
 
 def test_topology_level_validation() -> None:
@@ -203,7 +212,7 @@ def test_file_errors(tmp_path: Path) -> None:
         Topology.load(tmp_path / "t.toml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nnodes: [ {host_memory_gib: 1, host_memcpy_gb_per_s: 0} ]\n")
-    with pytest.raises(PlacementError, match=r"(?s)bad.yaml.*nodes\.0\.host_memcpy: Input should be greater than 0"):
+    with pytest.raises(PlacementError, match=r"(?s)bad.yaml.*nodes\[0\]\.host_memcpy_gb_per_s: Input should be greater"):
         Topology.load(bad)
     listing = tmp_path / "list.json"
     listing.write_text(json.dumps([1, 2]))

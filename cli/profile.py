@@ -24,7 +24,16 @@ import torch
 import typer
 from conduit.cli.errors import user_errors
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from conduit.core import INLINE, Policy
@@ -32,7 +41,7 @@ from conduit.errors import ConfigError
 from conduit.files import read_mapping
 from conduit.samplers import sumtree
 from conduit.scheduling.model import Costs, predict
-from conduit.scheduling.profiler import ProfileSettings, interleaved_medians, profile_workload
+from conduit.scheduling.profiler import ProfileSettings, interleaved_medians, planned_steps, profile_workload
 from conduit.scheduling.workload import DRIFT, CostKind, SyntheticWorkload, standalone_costs
 from conduit.storage import streaming
 
@@ -116,28 +125,78 @@ def profile(
         console.print(f"\n[dim]profiled in {out['seconds']:.1f} s[/dim]")
 
 
+class Steps:
+    """What the profile is doing, step by step: a progress bar with steps done/total, elapsed and remaining in a
+    terminal; elsewhere (redirected, CI) one line per finished step, so the log is never silent for minutes."""
+
+    def __init__(self, console: Console, label: str, total: int, quiet: bool) -> None:
+        self.console, self.label, self.total, self.quiet = console, label, total, quiet
+        self.done = 0
+        self.current: str | None = None
+        self.t_start = self.t_step = time.perf_counter()
+        self.live = console.is_terminal and not quiet
+        self.bar = Progress(
+            SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
+            MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+            console=console, transient=True, disable=not self.live,
+        )
+        self.task = self.bar.add_task(label, total=total)
+
+    def __enter__(self) -> Steps:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._finish()
+        self.bar.__exit__(*exc)
+
+    def expect(self, more: int) -> None:
+        """Exactly ``more`` steps are left after the current one (the total so far was an estimate)."""
+        self.total = self.done + (self.current is not None) + more
+
+    def step(self, what: str) -> None:
+        """``what`` starts now (the step before it is done)."""
+        self._finish()
+        self.current = what
+        self.t_step = time.perf_counter()
+        self.total = max(self.total, self.done + 1)  # a step the plan did not count (a rematch): the total grows
+        self.bar.update(self.task, description=escape(f"{self.label}: {what}"), total=self.total, completed=self.done)
+
+    def _finish(self) -> None:
+        if self.current is None:
+            return
+        self.done += 1
+        if not self.live and not self.quiet:
+            now = time.perf_counter()
+            self.console.print(
+                f"{self.label}: step {self.done}/{self.total} {self.current} ({now - self.t_step:.1f} s, "
+                f"{now - self.t_start:.0f} s in all)", highlight=False, markup=False, soft_wrap=True,
+            )
+        self.current = None
+        self.bar.update(self.task, completed=self.done)
+
+
 def _profile_one(console: Console, w: SyntheticWorkload, g_max: int, check: bool, quiet: bool) -> dict[str, Any]:
     label = "DQN-like off-policy" if w.policy is Policy.OFF_POLICY else "PPO-like on-policy"
-    with Progress(
-        SpinnerColumn(), TextColumn("[bold]{task.description}"), TimeElapsedColumn(),
-        console=console, transient=True, disable=quiet,
-    ) as bar:
-        task = bar.add_task(f"{label}: profiling")
+    settings = ProfileSettings()
+    total = planned_steps(w, settings, g_max) + (2 * CHECK_ROUNDS if check else 0)
+    with Steps(console, label, total, quiet) as steps:
+        check_steps = 2 * CHECK_ROUNDS if check else 0
         result = profile_workload(
-            w, settings=ProfileSettings(), g_max=g_max,
-            progress=lambda msg: bar.update(task, description=f"{label}: {msg}"),
+            w, settings=settings, g_max=g_max, progress=steps.step, expect=lambda n: steps.expect(n + check_steps)
         )
         ranked, chosen = result.ranked, result.choice
         baseline = predict(result.costs, INLINE)  # an RLlib-style buffer
         measured: dict[str, Any] = {}
         if check:
-            bar.update(task, description=f"{label}: measuring the plan against inline")
+            checked = list(dict.fromkeys((baseline.schedule, chosen.schedule)))
+            steps.expect(len(checked) * CHECK_ROUNDS)
             # interleaved rounds, medians: one run each, back to back, read the machine's drift as a difference.
             # Rollout and update are timed alone in the same rounds: a shared host's speed moves within seconds,
             # and costs profiled a minute earlier would turn such a drift into exposed latency
             alone: list[float] = []
             t_iter = interleaved_medians(
-                w, list(dict.fromkeys((baseline.schedule, chosen.schedule))), CHECK_ROUNDS, 25, 5, pool=w.units(),
+                w, checked, CHECK_ROUNDS, 25, 5, pool=w.units(), progress=steps.step, label="checking ",
                 between=lambda: alone.append(sum(standalone_costs(w))),
             )
             t_alone = statistics.median(alone)

@@ -15,7 +15,7 @@ tensors and primitive containers and nothing else: a tampered file that would ru
 code when loaded fails with :class:`~conduit.errors.CheckpointError` instead.
 
 Saving is atomic: everything is written to a sibling temporary directory
-(``.<name>.tmp-<pid>-<id>``), flushed to disk, then renamed into place; the
+(``.<name>.tmp-<pid>-<host>-<id>``), flushed to disk, then renamed into place; the
 directory it replaces is first renamed aside (``.<name>.old-<id>``) and removed
 only after the new one is complete. A crash at any point leaves the previous
 checkpoint loadable, and never a half-written one: when the crash came between
@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import Mapping
@@ -50,6 +51,9 @@ from conduit.errors import CheckpointError
 __all__ = ["FORMAT", "VERSION", "CheckpointError", "load", "read_manifest", "save"]
 
 log = logging.getLogger("conduit")
+
+#: this host in temporaries' names (no dash: the name's fields are split on it)
+_HOST = socket.gethostname().replace("-", "_") or "host"
 
 FORMAT = "conduit-checkpoint"
 VERSION = 2
@@ -106,7 +110,7 @@ def save(path: str | Path, manifest: Mapping[str, Any], components: Mapping[str,
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_dead_temporaries(target)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{_HOST}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
         for name, state in components.items():
@@ -149,11 +153,14 @@ def _alive(pid: int) -> bool:
 
 
 def _remove_dead_temporaries(target: Path) -> None:
-    """Temporaries of saves whose process was killed (their pid is in the name and no longer alive)."""
+    """Temporaries of saves whose process was killed: on this host (in the name), its pid no longer alive.
+    Another host's temporary (a shared file system) is left alone: its pid says nothing here."""
     for tmp in target.parent.glob(f".{target.name}.tmp-*"):
-        pid = tmp.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
+        parts = tmp.name.rsplit(".tmp-", 1)[1].split("-")
+        if len(parts) == 3 and parts[1] == _HOST and parts[0].isdigit():
+            pid = int(parts[0])
+            if pid != os.getpid() and not _alive(pid):
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 # -- load -------------------------------------------------------------------------

@@ -38,13 +38,15 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
+from typing import Any
 
 import numpy as np
 import torch
 
 from conduit.spec import ExperienceSpec, FieldSpec
 
-__all__ = ["BatchMemory"]
+__all__ = ["BatchMemory", "DirectSampleMemory"]
 
 
 def _refcounts(blocks: list[np.ndarray]) -> list[int]:
@@ -193,3 +195,36 @@ class BatchMemory:
         """Free blocks of the recycled field with the fewest (of the batch shape taken last)."""
         fields = self._shapes[-1][2] if self._shapes else []
         return min((f.free_count for f in fields), default=0)
+
+
+class DirectSampleMemory(BatchMemory):
+    """The memory a buffer's own ``sample(n)`` gathers into when no ``out`` is offered (the delivery offers its
+    own): recycled host memory of dropped batches, or None (device rows, small fields, nothing stored yet).
+
+    Whether a call recycles is decided once per storage, spec, size, target and threshold: a small batch (no
+    field to recycle) would otherwise pay for the decision on every call. The storage is held weakly, so a
+    migrated-away ring is not kept alive here.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: tuple[Any, ...] | None = None  # (weak storage, spec, rows, device, min_bytes, recycle?)
+
+    def for_draw(
+        self, storage: Any, spec: ExperienceSpec | None, n: int, device: torch.device | None
+    ) -> dict[str, torch.Tensor] | None:
+        """Memory for ``n`` rows of ``spec`` gathered from ``storage`` to ``device`` (None: fresh memory)."""
+        if spec is None or storage is None:
+            return None
+        seen = self._seen
+        if (
+            seen is None
+            or seen[0]() is not storage
+            or seen[1] is not spec
+            or seen[2] != n
+            or seen[3] != device
+            or seen[4] != self.min_bytes
+        ):
+            host = all(d.type == "cpu" for d in ((device,) if device is not None else storage.devices))
+            seen = self._seen = (weakref.ref(storage), spec, n, device, self.min_bytes, host and self.recycles(spec, n))
+        return self.take(spec, n) if seen[5] else None

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -124,16 +124,17 @@ def concat(parts: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
-@dataclass(frozen=True)
-class Running:
+class Running(NamedTuple):
     """A thread inside one of a graph's operators: what a timeout or ``close()`` reports of it."""
 
     thread: str
-    operator: str
+    operator: Operator
     since: float  # time.monotonic() when it entered the operator
 
     def describe(self) -> str:
-        return f"thread {self.thread!r} has been inside {self.operator} for {time.monotonic() - self.since:.3g}s"
+        return (
+            f"thread {self.thread!r} has been inside {self.operator.label} for {time.monotonic() - self.since:.3g}s"
+        )
 
 
 class Graph:
@@ -156,12 +157,12 @@ class Graph:
             if self.tracer.enabled:
                 with self.tracer.span(self.name, cat="conduit", granularity=granularity, rows=packet.rows):
                     for op in self.operators:
-                        self.running[me.ident] = Running(me.name, op.label, time.monotonic())  # type: ignore[index]
+                        self.running[me.ident] = Running(me.name, op, time.monotonic())  # type: ignore[index]
                         with self.tracer.span(op.name, cat=op.kind.value):
                             packet = op.run(packet)
             else:  # no context managers when nobody is tracing
                 for op in self.operators:
-                    self.running[me.ident] = Running(me.name, op.label, time.monotonic())  # type: ignore[index]
+                    self.running[me.ident] = Running(me.name, op, time.monotonic())  # type: ignore[index]
                     packet = op.run(packet)
         finally:
             self.running.pop(me.ident, None)  # type: ignore[arg-type]

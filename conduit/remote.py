@@ -85,6 +85,8 @@ class ChannelStats:
     received: int = 0
     refused: int = 0
     lost: list[ActorLoss] = field(default_factory=list)
+    #: units received from each actor, by its index
+    received_by: list[int] = field(default_factory=list)
 
 
 def _shared_copy(t: torch.Tensor) -> torch.Tensor:
@@ -95,13 +97,17 @@ def _shared_copy(t: torch.Tensor) -> torch.Tensor:
 
 
 def _messages(unit: int, tensors: dict[str, torch.Tensor]) -> list[bytes]:
-    """``(unit, part, parts, fields)`` messages, each under the pipe's atomic write size where it can be."""
-    whole = bytes(ForkingPickler.dumps((unit, 0, 1, tensors)))
-    if len(whole) <= _ATOMIC or len(tensors) == 1:
-        return [whole]
-    names = list(tensors)
-    per = max(1, len(names) * _ATOMIC // (2 * len(whole)))
-    groups = [names[i : i + per] for i in range(0, len(names), per)]
+    """``(unit, part, parts, fields)`` messages, each under the pipe's atomic write size (a single field's
+    handle always is: shared memory travels by file descriptor, never by its bytes)."""
+    groups = [list(tensors)]
+    while True:
+        sizes = [len(ForkingPickler.dumps((unit, 0, len(groups), {n: tensors[n] for n in g}))) for g in groups]
+        big = [i for i, (g, size) in enumerate(zip(groups, sizes)) if size > _ATOMIC and len(g) > 1]
+        if not big:
+            break
+        for i in reversed(big):  # halve every part still too large
+            g = groups[i]
+            groups[i : i + 1] = [g[: len(g) // 2], g[len(g) // 2 :]]
     return [bytes(ForkingPickler.dumps((unit, k, len(groups), {n: tensors[n] for n in g})))
             for k, g in enumerate(groups)]
 
@@ -279,10 +285,14 @@ class ActorChannel:
         """Actors served, units received and refused, and every actor lost (a copy)."""
         with self._cond:
             s = self._stats
-            return ChannelStats(s.actors, s.received, s.refused, list(s.lost))
+            return ChannelStats(s.actors, s.received, s.refused, list(s.lost), [a.received for a in self._actors])
 
     # -- the receiver -------------------------------------------------------------------
     def _step(self) -> None:
+        if self._shared.stopped.is_set():  # closing: nothing read now is a death, and the pipes are ours to close
+            self._close_pipes()
+            self._worker.stopping.set()
+            return
         with self._cond:
             live = {a.reader: i for i, a in enumerate(self._actors) if not a.gone}
         if live:
@@ -348,6 +358,8 @@ class ActorChannel:
 
     def _retire(self, index: int, died: bool) -> None:
         """Stop reading an actor: take what it wrote before it went, then record it (a loss if it died unclosed)."""
+        if self._shared.stopped.is_set():
+            return  # the channel is closing: its pipes are closed on purpose
         actor = self._actors[index]
         actor.gone = True
         while True:
@@ -387,9 +399,15 @@ class ActorChannel:
             )
 
     def close(self, timeout: float = 5.0) -> bool:
+        """Stop the receiver; its pipes are closed once it has stopped (else it closes them as it ends)."""
         self._shared.stopped.set()
         ok = self._worker.stop(timeout)
+        if ok:
+            self._close_pipes()
+        return ok
+
+    def _close_pipes(self) -> None:
         for actor in self._actors:
             if not actor.gone:
+                actor.gone = True
                 actor.reader.close()
-        return ok

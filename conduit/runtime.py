@@ -41,7 +41,6 @@ import numpy as np
 import torch
 
 from conduit import build, checkpoint, snapshot
-from conduit._version import __version__
 from conduit.batch import Batch, BatchInfo
 from conduit.buffers.base import ExperienceBuffer
 from conduit.config import ConduitConfig
@@ -157,10 +156,15 @@ class Conduit:
             delivery.start()
             self.buffer, self.delivery, self.ingestion = buffer, delivery, ingestion
             self.registry.freeze("the runtime has started; register hooks before the first push/pull")
-            self._started = True
             if self._restoring is not None:  # before any push or pull: units pending in it meet the hooks
-                state, self._restoring = self._restoring, None
-                self._load(state)
+                try:
+                    snapshot.apply(buffer, ingestion, delivery, self._restoring)
+                except BaseException as e:  # no push or pull runs on a half-restored state: every call says why
+                    self._started = True
+                    self.failure.set("restoring the checkpoint", e)
+                    raise
+                self._restoring = None
+            self._started = True
             log.info("conduit: started %s, %s", self.config.policy.value, self.schedule)
             return self
 
@@ -302,8 +306,14 @@ class Conduit:
             return
         self.failure.check()
         assert self.ingestion is not None and self.delivery is not None
-        self.ingestion.set_mode(schedule.ingestion, timeout)
-        self.delivery.set_mode(schedule.delivery, timeout)
+        deadline = time.monotonic() + (self.config.timeout_s if timeout is None else timeout)
+        old = self.ingestion.mode
+        self.ingestion.set_mode(schedule.ingestion, max(0.0, deadline - time.monotonic()))
+        try:
+            self.delivery.set_mode(schedule.delivery, max(0.0, deadline - time.monotonic()))
+        except ConduitError:  # delivery could not switch: ingestion goes back, the runtime keeps one schedule
+            self.ingestion.set_mode(old, self.config.timeout_s)
+            raise
         self.schedule = schedule
         log.info("conduit: rescheduled to %s", schedule)
 
@@ -335,22 +345,10 @@ class Conduit:
         assert self.buffer is not None and self.ingestion is not None and self.delivery is not None
         snapshot.apply(self.buffer, self.ingestion, self.delivery, state)
 
-    def _manifest(self, state: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-        """What a checkpoint says of itself in plain JSON: what to rebuild the runtime from, and a summary."""
-        return {
-            "conduit_version": __version__,
-            "policy": self.config.policy.value,
-            "config": self.config.model_dump(mode="json"),
-            "spec": self.spec.to_json() if self.spec is not None else None,
-            "schedule": self.schedule.to_json(),
-            "buffer": {"inserted": int(state["buffer"]["inserted"])},
-            "delivery": {"pulls": [int(p) for p in state["delivery"]["pulls"]]},
-        }
-
     def save(self, path: str | Path, *, timeout: float | None = None) -> Path:
         """Checkpoint the whole buffer state to ``path`` atomically (see :mod:`conduit.checkpoint`)."""
         state = self.state_dict(timeout=timeout)
-        return checkpoint.save(path, self._manifest(state), state)
+        return checkpoint.save(path, snapshot.manifest(self.config, self.spec, self.schedule, state), state)
 
     def restore(self, path: str | Path, *, fallback: bool = False) -> dict[str, Any]:
         """Load a checkpoint into this fresh runtime; returns its manifest.
@@ -446,10 +444,7 @@ class Conduit:
             if self._closed:
                 return []
             if drain and self._started and self.failure.error is None and self.ingestion is not None:
-                try:
-                    self.ingestion.flush(left())
-                except ConduitError as e:
-                    log.warning("conduit: close could not drain pending units: %s", e)
+                self.ingestion.drain_within(left())
             self._closed = True
             self.failure.closed = True
         behind: list[str] = []

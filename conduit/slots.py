@@ -96,16 +96,15 @@ class SlotTable:
         return full
 
     def settle(self, slots: np.ndarray, max_times: int, *, delivered: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Reserved uses of ``slots`` (live, one each) end: counted (``delivered``) or given back.
+        """Reserved uses of ``slots`` (distinct, live, one each) end: counted (``delivered``) or given back.
 
         Returns ``(spent, freed)``: rows whose every use is now counted (the caller evicts them),
         and held rows that may be drawn again.
         """
-        np.subtract.at(self.reserved, slots, 1)
-        self.reserved[slots] = np.maximum(self.reserved[slots], 0)
+        slots = slots[self.reserved[slots] > 0]  # a use is settled once: what was given back stays given back
+        self.reserved[slots] -= 1  # distinct: one draw's rows
         if delivered:
-            np.add.at(self.times_sampled, slots, 1)
-        slots = np.unique(slots)
+            self.times_sampled[slots] += 1
         spent = slots[self.times_sampled[slots] >= max_times]
         rest = slots[self.times_sampled[slots] < max_times]
         freed = rest[self.held[rest] & (self.times_sampled[rest] + self.reserved[rest] < max_times)]

@@ -15,11 +15,15 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from conduit._version import __version__
 from conduit.buffers.base import ExperienceBuffer
+from conduit.config import ConduitConfig
+from conduit.core import Schedule
 from conduit.paths.delivery import DeliveryPath
 from conduit.paths.ingestion import IngestionPath
+from conduit.spec import ExperienceSpec
 
-__all__ = ["State", "apply", "capture", "quiesced"]
+__all__ = ["State", "apply", "capture", "manifest", "quiesced"]
 
 #: component name -> its state dict (tensors, arrays and primitives only)
 State = dict[str, dict[str, Any]]
@@ -57,3 +61,16 @@ def apply(
         buffer.load_state_dict(state["buffer"])
         delivery.load_state_dict(state["delivery"])
         ingestion.load_state_dict(state["ingestion"])
+
+
+def manifest(config: ConduitConfig, spec: ExperienceSpec | None, schedule: Schedule, state: State) -> dict[str, Any]:
+    """What a checkpoint says of itself in plain JSON: what to rebuild the runtime from, and a summary."""
+    return {
+        "conduit_version": __version__,
+        "policy": config.policy.value,
+        "config": config.model_dump(mode="json"),
+        "spec": spec.to_json() if spec is not None else None,
+        "schedule": schedule.to_json(),
+        "buffer": {"inserted": int(state["buffer"]["inserted"])},
+        "delivery": {"pulls": [int(p) for p in state["delivery"]["pulls"]]},
+    }

@@ -128,7 +128,7 @@ class FieldSpec:
                     "or declare the field with clamp=True"
                 )
             return out
-        if t.dtype == torch.bool or dst == torch.bool:
+        if t.dtype == torch.bool or dst == torch.bool or t.numel() == 0:
             return t.to(dst)
         info = torch.iinfo(dst)
         lo, hi = _int_range(t)

@@ -95,3 +95,14 @@ def test_batch_info_prints_short_and_describes_in_full():
     assert len(text) < 200 and "256 rows" in text and "weighted" in text
     full = info.describe()
     assert len(full["ids"]) == 256 and full["weights"].shape == (256,)
+
+
+def test_profile_output_redirected_says_each_finished_step():
+    tiny = ["--dim", "16", "--unit-size", "32", "--batch-size", "32", "--capacity", "2048", "--rollout-ms", "0.2",
+            "--update-ms", "0.5", "--policy", "off"]
+    result = CliRunner().invoke(app, ["profile", *tiny], env=WIDE)
+    assert result.exit_code == 0, result.output
+    steps = [line for line in result.output.splitlines() if ": step " in line]
+    assert len(steps) > 10 and steps[0].startswith("DQN-like off-policy: step 1/")
+    done, total = steps[-1].split(": step ")[1].split()[0].split("/")
+    assert done == total and "checking" in steps[-1]  # the last step is the closing check, and it is the last

@@ -14,6 +14,8 @@ every method under its lock.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from conduit.errors import SemanticsError
@@ -81,6 +83,19 @@ class UseBudget:
         held = self.table.held
         pr[held] = self._held_leaves[held]
         return pr
+
+    def state_dict(self) -> dict[str, Any]:
+        """The held rows' own priorities (their leaves are 0 in the sampler's state while held)."""
+        return {"held_leaves": None if self._held_leaves is None else self._held_leaves.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """After the slot table and the sampler are loaded; a checkpoint from before this record holds none."""
+        held = state.get("held_leaves")
+        self._held_leaves = None if held is None else np.asarray(held, dtype=np.float64).copy()
+        if self.table.held_count and self.sampler.has_priorities and self._held_leaves is None:
+            # held rows with no priority of their own: the sampler's maximum, as a new row gets
+            self._held_leaves = np.zeros(self.table.capacity)
+            self._held_leaves[self.table.held] = self.sampler.max_priority ** getattr(self.sampler, "alpha", 1.0)
 
     def _hold(self, slots: np.ndarray) -> None:
         if slots.size and self.sampler.has_priorities:

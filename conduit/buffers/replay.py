@@ -24,7 +24,6 @@ when a staged batch is dropped unread (:meth:`ReplayBuffer.unreserve`).
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -36,7 +35,7 @@ from conduit.buffers.base import ANYWHERE, ExperienceBuffer, Ticket
 from conduit.buffers.budget import UseBudget
 from conduit.errors import CheckpointError, RateLimited, SemanticsError, SpecError
 from conduit.executor import StreamOrder
-from conduit.memory import BatchMemory
+from conduit.memory import DirectSampleMemory
 from conduit.ratelimit import RateLimiter
 from conduit.samplers.base import Draw, Sampler
 from conduit.slots import FifoRemover, Remover, SlotTable
@@ -106,9 +105,7 @@ class ReplayBuffer(ExperienceBuffer):
         self.block = block
         self._order: StreamOrder | None = None
         #: host memory of dropped batches for :meth:`sample` calls given no ``out`` (the delivery offers its own)
-        self.memory = BatchMemory() if recycle_batches else None
-        # (weak storage, spec, rows, device, min_bytes, recycle?) of the last direct sample: see _dropped_memory
-        self._recycling: tuple[Any, ...] | None = None
+        self.memory = DirectSampleMemory() if recycle_batches else None
 
     @property
     def spec(self) -> ExperienceSpec | None:
@@ -250,12 +247,12 @@ class ReplayBuffer(ExperienceBuffer):
         """Draw ``n`` rows and gather them atomically.
 
         Into ``out`` when given; otherwise a host batch's large fields go into memory
-        of batches already dropped (:class:`~conduit.memory.BatchMemory`, unless
+        of batches already dropped (:class:`~conduit.memory.DirectSampleMemory`, unless
         ``recycle_batches=False``): a fresh multi-MB block is a new mapping whose
         pages fault in on every call.
         """
-        if out is None and self.memory is not None:
-            out = self._dropped_memory(n, device)
+        if out is None and self.memory is not None:  # taken before the lock, as the delivery takes its own
+            out = self.memory.for_draw(self.storage, self.spec, n, device)
         return self.draw(n, device, out, reserve=reserve)
 
     def draw(
@@ -271,7 +268,11 @@ class ReplayBuffer(ExperienceBuffer):
             if order.enabled:  # CUDA storage: reads wait for writes on other streams
                 order.before_read()
             idx = draw.tensor if draw.tensor is not None else torch.from_numpy(draw.array)
-            data = self.storage.gather(idx, device) if out is None else self.storage.gather(idx, device, out)
+            try:
+                data = self.storage.gather(idx, device) if out is None else self.storage.gather(idx, device, out)
+            except BaseException:
+                self._unselect(draw, reserve)
+                raise
             if order.enabled:
                 order.after_read()
             return Sampled(data, self.drawn(draw), draw.weights, self.inserted)
@@ -285,30 +286,10 @@ class ReplayBuffer(ExperienceBuffer):
             return self.sampler.sample(n, self.table, self.rng)
         return self.budget.select(n, self.rng)
 
-    def _dropped_memory(self, n: int, device: torch.device | None) -> dict[str, torch.Tensor] | None:
-        """Recycled host memory for ``n`` rows, or None (device rows, small fields, nothing stored yet).
-
-        Taken before the lock, as the delivery takes its own: a field that a
-        migration has changed since gets fresh memory from the storage's gather.
-        """
-        memory, spec, storage = self.memory, self.spec, self.storage
-        if spec is None or storage is None or memory is None:
-            return None
-        # whether to recycle, decided once per storage, spec, size, target and threshold: small batches (no field
-        # to recycle) would otherwise pay for the decision on every call
-        seen = self._recycling
-        if (
-            seen is None
-            or seen[0]() is not storage  # a weak reference: a migrated-away ring is not kept alive here
-            or seen[1] is not spec
-            or seen[2] != n
-            or seen[3] != device
-            or seen[4] != memory.min_bytes
-        ):
-            host = all(d.type == "cpu" for d in ((device,) if device is not None else storage.devices))
-            recycle = host and memory.recycles(spec, n)
-            seen = self._recycling = (weakref.ref(storage), spec, n, device, memory.min_bytes, recycle)
-        return memory.take(spec, n) if seen[5] else None
+    def _unselect(self, draw: Draw, reserve: bool) -> None:
+        """A draw whose gather did not complete gives back the uses it reserved (caller holds the lock)."""
+        if reserve and self.budget is not None:
+            self.budget.unreserve(draw.indices)
 
     def sample_split(
         self, sizes: Sequence[int], device: torch.device | None = None,
@@ -326,11 +307,17 @@ class ReplayBuffer(ExperienceBuffer):
             self._order.before_read()
             idx = draw.tensor if draw.tensor is not None else torch.from_numpy(draw.array)
             parts, start = [], 0
-            for i, n in enumerate(sizes):
-                out = outs[i] if outs is not None else None
-                sl = idx[start : start + n]
-                parts.append(self.storage.gather(sl, device) if out is None else self.storage.gather(sl, device, out))
-                start += n
+            try:
+                for i, n in enumerate(sizes):
+                    out = outs[i] if outs is not None else None
+                    sl = idx[start : start + n]
+                    parts.append(
+                        self.storage.gather(sl, device) if out is None else self.storage.gather(sl, device, out)
+                    )
+                    start += n
+            except BaseException:
+                self._unselect(draw, reserve)
+                raise
             self._order.after_read()
             whole = Sampled({}, self.drawn(draw), draw.weights, self.inserted)
             return parts, whole
@@ -442,6 +429,8 @@ class ReplayBuffer(ExperienceBuffer):
                 "sampler": {"kind": self.sampler.name, **self.sampler.state_dict()},
                 "limiter": self.limiter.state_dict(),
             }
+            if self.budget is not None:
+                state["budget"] = self.budget.state_dict()
         if rows:
             state["rows"] = self.rows_state()
         return state
@@ -479,6 +468,8 @@ class ReplayBuffer(ExperienceBuffer):
             self.inserted = int(state["inserted"])
             self.evicted_by_sampling = int(state["evicted_by_sampling"])
             self.rng.bit_generator.state = state["rng"]
+            if self.budget is not None:
+                self.budget.load_state_dict(state.get("budget", {}))
 
     def release(self) -> None:
         """Free the storage (the runtime closed); the slot table stays readable."""

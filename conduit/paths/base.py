@@ -29,6 +29,7 @@ Leaves (the rate limiter's lock, the spec holder's) take nothing.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -42,6 +43,8 @@ from conduit.operators import Graph, Operator
 from conduit.trace import Tracer
 
 __all__ = ["DataPath"]
+
+log = logging.getLogger("conduit")
 
 
 class DataPath(ABC):
@@ -182,8 +185,11 @@ class DataPath(ABC):
                 old, self.worker = self.worker, None
                 self._use_mode(mode)  # a retiring worker sees the new mode and claims nothing more
                 self.cond.notify_all()
-        if old is not None:
-            old.stop(max(0.0, deadline - time.monotonic()))
+        if old is not None and not old.stop(max(0.0, deadline - time.monotonic())):
+            log.warning(  # it has retired (the new mode is in place) and ends after its invocation
+                "conduit: the %s worker of the old mode is still inside an invocation: %s", self.name,
+                "; ".join(self.activity()) or "busy",
+            )
         self.start()
         self._after_switch()
 

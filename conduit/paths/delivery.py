@@ -252,8 +252,10 @@ class DeliveryPath(DataPath):
                 graph.invocations += 1
                 return parts
             return graph.run(Packet([], claim), g).parts
-        except Exception as exc:
-            self._abandon(claim)
+        except BaseException as exc:
+            self._abandon(claim)  # rows, promises and reservations go back whatever stopped it
+            if not isinstance(exc, Exception):  # KeyboardInterrupt and the like: the caller's, not a failure
+                raise
             fail(self.failure, "delivery operator", exc)
 
     def _gather_op(self, packet: Packet) -> Packet:

@@ -33,6 +33,7 @@ buffer it feeds.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -53,6 +54,8 @@ from conduit.spec import Data, ExperienceSpec, as_tensors, batch_size_of, rows_o
 from conduit.trace import Tracer
 
 __all__ = ["IngestionPath", "IngestionStats", "Piece"]
+
+log = logging.getLogger("conduit")
 
 HookFn = Callable[[Reader, Writer], object]
 
@@ -87,6 +90,23 @@ class Invocation:
 def _own(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A private copy of a pushed unit (same devices), so the actor may reuse its arrays."""
     return {k: v.clone() for k, v in tensors.items()}
+
+
+def _matches(spec: ExperienceSpec, tensors: dict[str, torch.Tensor]) -> bool:
+    """Same fields, dtypes and ranks as ``spec``, dense, one leading size: what the full check would pass."""
+    if len(tensors) != len(spec):
+        return False
+    n = -1
+    for name, t in tensors.items():
+        f = spec.fields.get(name)
+        if f is None or t.dtype != f.dtype or t.dim() != len(f.shape) + 1 or t.layout is not torch.strided:
+            return False
+        if not (t.is_cpu or t.is_cuda):
+            return False
+        if n not in (-1, t.shape[0]):
+            return False
+        n = t.shape[0]
+    return n > 0
 
 
 @dataclass
@@ -241,7 +261,8 @@ class IngestionPath(DataPath):
                 if self._input_spec is None:
                     self._input_spec = first
                 spec = self._input_spec
-        spec.validate(tensors)  # the result is discarded: the hook reads the unit as it was pushed
+        if not _matches(spec, tensors):  # the common case costs a glance; anything else the full check, which
+            spec.validate(tensors)  # names what is wrong (its result is discarded: the hook reads the unit as pushed)
         return {k: v.detach() if v.requires_grad else v for k, v in tensors.items()}
 
     def _push_direct(self, tensors: dict[str, torch.Tensor], rows: int) -> bool:
@@ -390,6 +411,30 @@ class IngestionPath(DataPath):
                 )
             finally:
                 self.flushing -= 1
+
+    def drain_within(self, timeout: float) -> bool:
+        """Ingest what is pending within ``timeout`` (for ``close``), on a thread of its own: an inline drain runs
+        the hook in the calling thread, and a hook that hangs must not hold the caller past ``timeout``. Says what
+        it could not do in a warning; True when everything pending was ingested."""
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self.flush(timeout)
+            except BaseException as e:  # reported here, or (after close) ended quietly by the closed runtime
+                errors.append(e)
+
+        t = threading.Thread(target=run, name="conduit-close-drain", daemon=True)
+        t.start()
+        t.join(timeout)
+        if t.is_alive():
+            busy = "; ".join(self.activity()) or "ingestion is busy"
+            log.warning("conduit: close could not drain pending units within %.3gs: %s", timeout, busy)
+            return False
+        if errors:
+            log.warning("conduit: close could not drain pending units: %s", errors[0])
+            return False
+        return True
 
     def _before_switch(self, timeout: float) -> None:
         self.flush(timeout)  # everything pushed so far is ingested under the old mode

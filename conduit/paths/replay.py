@@ -108,6 +108,8 @@ class ReplayDelivery(DeliveryPath):
             with self._lock:
                 self._promised -= claim.promised
                 claim.promised = 0
+                if self._data_waiters:  # a pull that counted these rows twice meanwhile may be served now
+                    self.cond.notify_all()
 
     def _local(self, learner: int) -> bool:
         storage = self.buffer.storage

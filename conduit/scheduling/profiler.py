@@ -51,6 +51,7 @@ __all__ = [
     "ProfileSettings",
     "calibrate",
     "interleaved_medians",
+    "planned_steps",
     "profile_workload",
     "rematch",
     "verify",
@@ -143,14 +144,27 @@ def calibrate(
     return fitted, {f"t_iter_{k}": v for k, v in measured.items()} | {"t_other": fitted.t_other}
 
 
+def planned_steps(workload: SyntheticWorkload, settings: ProfileSettings = ProfileSettings(), g_max: int = 4) -> int:
+    """How many progress steps :func:`profile_workload` reports, before any rematch (which adds its own)."""
+    probes = probe_schedules(workload.policy, workload.num_minibatches, g_max, every=settings.probe_every_granularity)
+    calibration = len(set(probes.values())) * max(1, settings.calibration_rounds)
+    verification = (settings.verify_top + 1) * max(1, settings.verify_rounds) if settings.verify_top > 0 else 0
+    return 3 + calibration + verification
+
+
 def profile_workload(
     workload: SyntheticWorkload,
     *,
     settings: ProfileSettings = ProfileSettings(),
     g_max: int = 4,
     progress: Progress | None = None,
+    expect: Callable[[int], None] | None = None,
 ) -> ProfileResult:
-    """Profile the synthetic workload end to end: rollout/update, T_ing(g), T_del(g), T_sync."""
+    """Profile the synthetic workload end to end: rollout/update, T_ing(g), T_del(g), T_sync.
+
+    ``progress(what)`` is told each step as it starts; ``expect(n)``, once the shortlist is known, how
+    many steps are left (rematches, which depend on what is measured, add their own).
+    """
     t0 = time.perf_counter()
     cfg = workload.config(g_max=g_max)
     pool = workload.units()
@@ -175,6 +189,8 @@ def profile_workload(
     if baseline is not None and baseline not in top:
         top.append(baseline)  # a plan must beat what the user runs without one (settle)
     level = costs.t_rollout + costs.t_update  # one level for the shortlist's times and the rematch's
+    if expect is not None:
+        expect(len(top) * max(1, settings.verify_rounds) if len(top) > 1 else 0)
     verified = {}
     if len(top) > 1:
         verified = verify(workload, top, settings=settings, progress=progress, pool=pool, level=level)

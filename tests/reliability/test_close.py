@@ -141,3 +141,38 @@ def test_a_second_push_behind_a_hung_inline_hook_times_out_and_its_unit_is_not_k
     edp.flush()
     assert sorted(edp.buffer.contents()["tid"].tolist()) == [0, 1, 2, 3]
     edp.close()
+
+
+def test_close_is_bounded_when_its_own_drain_would_run_a_hung_hook():
+    """Inline g = 2 with one unit pending: draining it runs the hook in the closing thread, so close drains on a
+    thread of its own and gives up on it after the timeout."""
+    edp = Conduit(policy="off_policy", train_batch_size=4, capacity=64, timeout_s=30.0,
+                  pinned=Schedule(Mode(False, 2), Mode(False, 1)))
+    gate = threading.Event()
+    _hung(edp, "ingestion", gate)
+    edp.push(transitions(4))  # pending: g = 2 waits for a second unit
+    t0 = time.monotonic()
+    edp.close(timeout=0.5)
+    assert time.monotonic() - t0 < 0.5 + MARGIN
+    gate.set()
+
+
+def test_a_reschedule_whose_delivery_switch_times_out_leaves_one_schedule():
+    inline = Schedule(Mode(False, 1), Mode(False, 1))
+    edp = Conduit(policy="off_policy", train_batch_size=4, capacity=64, timeout_s=30.0, pinned=inline)
+    gate = threading.Event()
+    _hung(edp, "delivery", gate)
+    edp.start()
+    edp.push(transitions(16))
+    t = threading.Thread(target=edp.pull, name="stuck-learner", daemon=True)
+    t.start()
+    deadline = time.monotonic() + 5
+    while not edp.delivery.graph.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(ConduitTimeout, match="stuck-learner"):
+        edp.reschedule(Schedule(Mode(True, 2), Mode(True, 1)), timeout=0.3)
+    assert edp.ingestion.mode == inline.ingestion and edp.delivery.mode == inline.delivery
+    assert edp.schedule == inline
+    gate.set()
+    t.join(5)
+    edp.close()

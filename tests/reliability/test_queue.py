@@ -146,12 +146,18 @@ def test_a_staged_batch_dropped_unread_gives_its_rows_back():
         deadline = time.monotonic() + 5
         while not edp.delivery.staged[0] and time.monotonic() < deadline:
             time.sleep(0.01)
-        table = edp.buffer.table
+        edp.delivery.set_mode(Mode(False, 1))  # the worker claims nothing more; what it staged stays staged
+        table, limiter = edp.buffer.table, edp.delivery.limiter
         assert table.held_count > 0  # staged rows are reserved: no other draw may take them
-        staged = edp.delivery.staged[0][0]
-    edp.delivery._unstage(0, staged)  # what close() does with every staged batch
-    assert not table.held[staged.info.indices].any()
-    assert set(first["tid"].tolist()).isdisjoint(staged.info.ids.tolist())
+        with edp.delivery.cond:
+            staged = edp.delivery.staged[0].popleft()
+            reserved = limiter.reserved
+            edp.delivery._unstage(0, staged)  # what close() does with every staged batch
+        assert limiter.reserved == reserved - len(staged.info.rows)
+        assert not table.held[staged.info.indices].any() and table.reserved[staged.info.indices].sum() == 0
+        again = {t for _ in range(3) for t in edp.pull()["tid"].tolist()}
+        assert set(staged.info.ids.tolist()) <= again  # drawn again (FIFO: the oldest rows come first)
+        assert set(first["tid"].tolist()).isdisjoint(again)
 
 
 def test_prioritized_draws_under_a_budget_are_distinct_and_weighted_by_the_full_distribution():
@@ -172,3 +178,25 @@ def test_prioritized_draws_under_a_budget_are_distinct_and_weighted_by_the_full_
     buf.delivered(s.indices, s.ids, reserved=True)
     buf.delivered(s2.indices, s2.ids, reserved=True)
     assert not buf.table.valid[63]  # used twice: evicted
+
+
+def test_a_pull_interrupted_mid_gather_gives_its_rows_back(monkeypatch):
+    """A KeyboardInterrupt (a notebook's stop button) inside a draw: the promise and the reservations go back."""
+    with _queue(1, False, 1, capacity=1_000) as edp:
+        edp.push(transitions(2 * B))
+        real = edp.buffer.storage.gather
+        calls = {"n": 0}
+
+        def interrupted(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(edp.buffer.storage, "gather", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            edp.pull()
+        assert edp.delivery._promised == 0 and edp.buffer.table.held_count == 0
+        assert edp.failure.error is None
+        tids = sorted(t for _ in range(2) for t in edp.pull()["tid"].tolist())
+        assert tids == list(range(2 * B))

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -113,7 +115,8 @@ def test_a_save_removes_what_killed_saves_left_behind(tmp_path):
     for _ in range(2):
         proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
         try:
-            assert proc.stdout.readline().strip() == "writing"
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            assert ready and proc.stdout.readline().strip() == "writing"
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
         finally:
@@ -131,3 +134,35 @@ def test_checkpoint_error_is_part_of_the_public_api():
     assert conduit.CheckpointError is CheckpointError and "CheckpointError" in conduit.__all__
     assert issubclass(CheckpointError, ValueError)
     assert torch  # the checkpoint tests' own import
+
+
+def test_a_prioritized_queue_saved_with_batches_in_flight_samples_after_restore(tmp_path):
+    """Rows held by staged batches have their priorities kept aside; a checkpoint keeps them too."""
+    edp = Conduit(policy="off_policy", train_batch_size=8, capacity=64, sampler="prioritized", max_times_sampled=1,
+                  min_size_to_sample=8, seed=0, pinned=Schedule(Mode(False, 1), Mode(True, 2)))
+    with edp:
+        edp.push(transitions(32))
+        edp.pull()
+        deadline = time.monotonic() + 5
+        while not edp.delivery.staged[0] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert edp.buffer.table.held_count > 0
+        edp.save(tmp_path / "ck")
+    with Conduit.from_checkpoint(tmp_path / "ck") as b:
+        seen = [t for _ in range(3) for t in b.pull()["tid"].tolist()]
+        assert len(seen) == len(set(seen)) == 24
+
+
+def test_a_restore_that_fails_at_start_fails_every_call():
+    edp = _runtime()
+    with _runtime() as a:
+        a.push(transitions(8))
+        a.flush()
+        state = a.state_dict()
+    state["delivery"]["pulls"] = "not a list of counts"
+    edp._restoring = state  # what restore() leaves for start(): here, a state no component accepts
+    with pytest.raises(Exception):
+        edp.push(transitions(4))
+    with pytest.raises(conduit.RuntimeFailed, match="restoring the checkpoint"):
+        edp.push(transitions(4))
+    edp.close()

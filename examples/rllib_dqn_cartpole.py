@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 import ray
-from conduit.integrations.rllib import enable_conduit, measure_iterations, summary_table
+from conduit.integrations.rllib import enable_conduit, measure_iterations, quiet_ray_startup, summary_table
 from ray.rllib.algorithms.dqn import DQNConfig
 
 
@@ -39,6 +39,7 @@ def build(use_conduit: bool, seed: int, staleness: str, prefetch: bool | None):
 def main(iterations: int = 3, conduit: bool = True, compare: bool = False, staleness: str = "bounded",
          prefetch: bool | None = None, seed: int = 0, verbose: bool = True) -> dict[str, list[dict]]:
     if not ray.is_initialized():
+        quiet_ray_startup()  # Ray's start-up warnings about its own defaults (conduit.integrations.rllib.quiet)
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     runs = [("rllib", False), ("conduit", True)] if compare else [("conduit" if conduit else "rllib", conduit)]
     algos = {label: build(use_conduit, seed, staleness, prefetch) for label, use_conduit in runs}

@@ -21,7 +21,7 @@ import argparse
 import gymnasium as gym
 import numpy as np
 import ray
-from conduit.integrations.rllib import enable_conduit, measure_iterations, summary_table
+from conduit.integrations.rllib import enable_conduit, measure_iterations, quiet_ray_startup, summary_table
 from ray.rllib.algorithms.dqn import DQNConfig
 from ray.tune.registry import register_env
 
@@ -75,6 +75,7 @@ def build(use_conduit: bool, obs_dim: int, seed: int, prefetch: bool | None):
 def main(iterations: int = 3, conduit: bool = True, obs_dim: int = OBS_DIM, prefetch: bool | None = None,
          seed: int = 0, verbose: bool = True) -> dict[str, list[dict]]:
     if not ray.is_initialized():
+        quiet_ray_startup()  # Ray's start-up warnings about its own defaults (conduit.integrations.rllib.quiet)
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     runs = [("rllib", False), ("conduit", True)] if conduit else [("rllib", False)]
     algos = {label: build(use_conduit, obs_dim, seed, prefetch) for label, use_conduit in runs}

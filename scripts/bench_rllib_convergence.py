@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 import ray
-from conduit.integrations.rllib import ExperiencePathTimer, enable_conduit
+from conduit.integrations.rllib import ExperiencePathTimer, enable_conduit, quiet_ray_startup
 from ray.rllib.algorithms.dqn import DQNConfig
 
 
@@ -148,6 +148,7 @@ def main() -> None:
     p.add_argument("--json", default=None, help="also write the per-iteration history here")
     args = p.parse_args()
     if not ray.is_initialized():
+        quiet_ray_startup()  # Ray's start-up warnings about its own defaults (conduit.integrations.rllib.quiet)
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     deadline = time.monotonic() + 60 * args.max_minutes
     histories = {}

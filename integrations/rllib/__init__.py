@@ -39,6 +39,7 @@ from .learners import (
 from .options import ConduitRLlibOptions, Staleness
 from .pipeline import PipelinedMinibatches, PipelineStats
 from .profiling import ExperiencePathTimer, measure_iterations, summary_table
+from .quiet import quiet_ray_startup
 
 __all__ = [
     "BUFFER_COMPONENT",
@@ -63,5 +64,6 @@ __all__ = [
     "enable_conduit",
     "install_conduit_buffer",
     "measure_iterations",
+    "quiet_ray_startup",
     "summary_table",
 ]

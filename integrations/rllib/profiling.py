@@ -149,8 +149,8 @@ def measure_iterations(
 def summary_table(results: Mapping[str, list[dict[str, Any]]], skip: int = 1) -> str:
     """Markdown: median iteration time and exposed experience path per run (first ``skip`` iterations dropped)."""
     lines = [
-        "| run | iterations | iteration time (s, median) | exposed experience path (ms/iter, median) "
-        "| share of iteration |",
+        f"| run | iterations timed / run (the first {skip} warm up) | iteration time (s, median) "
+        "| exposed experience path (ms/iter, median) | share of iteration |",
         "|---|---|---|---|---|",
     ]
     for label, rows in results.items():
@@ -158,5 +158,5 @@ def summary_table(results: Mapping[str, list[dict[str, Any]]], skip: int = 1) ->
         wall = statistics.median(r["wall_s"] for r in kept)
         exp = statistics.median(r["experience_s"] for r in kept)
         share = statistics.median(r["share"] for r in kept)
-        lines.append(f"| {label} | {len(kept)} | {wall:.3f} | {exp * 1e3:.1f} | {share:.1%} |")
+        lines.append(f"| {label} | {len(kept)} of {len(rows)} | {wall:.3f} | {exp * 1e3:.1f} | {share:.1%} |")
     return "\n".join(lines)

@@ -161,7 +161,7 @@ def test_a_restore_that_fails_at_start_fails_every_call():
         state = a.state_dict()
     state["delivery"]["pulls"] = "not a list of counts"
     edp._restoring = state  # what restore() leaves for start(): here, a state no component accepts
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError):  # the first call sees why: the delivery's state could not be read
         edp.push(transitions(4))
     with pytest.raises(conduit.RuntimeFailed, match="restoring the checkpoint"):
         edp.push(transitions(4))

@@ -166,16 +166,8 @@ class RemoteActor:
         write into them again. Waits (bounded) while ``maxsize`` units are unacknowledged.
         """
         self._check()
-        limit = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        while self.sent - self._shared.acks[self.index] >= self.maxsize:
-            self._check()
-            if time.monotonic() > deadline:
-                raise ConduitTimeout(
-                    f"push timed out after {limit:.3g}s: {self.maxsize} units unacknowledged (the runtime is not "
-                    "ingesting)"
-                )
-            time.sleep(0.001)
+        self._wait_acks(self.maxsize - 1, timeout, lambda: f"push: {self.maxsize} units unacknowledged (the "
+                        "runtime is not ingesting)")
         tensors = {k: _shared_copy(v) if copy else v.share_memory_() for k, v in as_tensors(data).items()}
         for message in _messages(self.sent, tensors):
             self._conn.send_bytes(message)
@@ -183,17 +175,18 @@ class RemoteActor:
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until the runtime has received every unit this actor pushed."""
+        self._wait_acks(0, timeout, lambda: f"flush: {self.sent - self._shared.acks[self.index]} unit(s) not received")
+        self._check()
+
+    def _wait_acks(self, unacknowledged: int, timeout: float | None, what: Callable[[], str]) -> None:
+        """Wait (bounded) until at most ``unacknowledged`` units this actor sent are not acknowledged yet."""
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        while self._shared.acks[self.index] < self.sent:
+        while self.sent - self._shared.acks[self.index] > unacknowledged:
             self._check()
             if time.monotonic() > deadline:
-                raise ConduitTimeout(
-                    f"flush timed out after {limit:.3g}s: {self.sent - self._shared.acks[self.index]} unit(s) "
-                    "not received"
-                )
-            time.sleep(0.002)
-        self._check()
+                raise ConduitTimeout(f"timed out after {limit:.3g}s: {what()}")
+            time.sleep(0.001)
 
     def close(self, timeout: float | None = None) -> None:
         """This actor is done: wait until the runtime received its units (their shared memory lives in this

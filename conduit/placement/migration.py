@@ -31,9 +31,6 @@ from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import csr_array
-from scipy.sparse.csgraph import maximum_flow
 
 from conduit.errors import PlacementError
 from conduit.placement.records import Placement
@@ -141,6 +138,8 @@ def solve_min_makespan(sources: Sequence[float], targets: Sequence[float], bandw
     bounds = [(0.0, 0.0) if bws[i, j] == 0 else (0.0, None) for i in range(m) for j in range(n)] + [(0.0, None)]
     a_ub_arg = a_ub if rows else None
     b_ub_arg = np.zeros(len(rows)) if rows else None
+    from scipy.optimize import linprog  # here: importing scipy.optimize takes a quarter second, for every CLI call
+
     res = linprog(c, A_ub=a_ub_arg, b_ub=b_ub_arg, A_eq=a_eq, b_eq=b_eq, bounds=bounds, method="highs")
     if res.status != 0:
         raise PlacementError(
@@ -203,6 +202,9 @@ def _integer_flow(v: list[int], w: list[int], cap: np.ndarray) -> np.ndarray | N
     graph[src, 1 : m + 1] = v
     graph[1 : m + 1, m + 1 : m + n + 1] = cap
     graph[m + 1 : m + n + 1, sink] = w
+    from scipy.sparse import csr_array  # here, as linprog: only a migration plan needs them
+    from scipy.sparse.csgraph import maximum_flow
+
     res = maximum_flow(csr_array(graph), src, sink)
     if int(res.flow_value) != sum(v):
         return None

@@ -11,7 +11,6 @@ machine-readably. The cost-model validation sweep is a benchmark (``conduit benc
 
 from __future__ import annotations
 
-import difflib
 import json
 import platform
 import statistics
@@ -37,7 +36,7 @@ from rich.progress import (
 from rich.table import Table
 
 from conduit.core import INLINE, Policy
-from conduit.errors import ConfigError
+from conduit.errors import ConfigError, closest
 from conduit.files import read_mapping
 from conduit.samplers import sumtree
 from conduit.scheduling.model import Costs, predict
@@ -74,8 +73,8 @@ def _workloads(policy: str, fields: dict[str, Any], config: Path | None) -> list
     known = set(SyntheticWorkload.__dataclass_fields__) - {"policy"}
     unknown = sorted(set(fields) - known - {"policy"})
     if unknown:
-        close = {k: difflib.get_close_matches(k, sorted(known), n=1) for k in unknown}
-        hints = ", ".join(f"{k!r}" + (f" (did you mean {c[0]!r}?)" if c else "") for k, c in close.items())
+        close = {k: closest(k, known) for k in unknown}
+        hints = ", ".join(f"{k!r}" + (f" (did you mean {c!r}?)" if c else "") for k, c in close.items())
         raise ConfigError(f"--config file {str(config)!r}: unknown field(s) {hints}; valid: {', '.join(sorted(known))}")
     return [SyntheticWorkload(policy=pol, **{k: v for k, v in fields.items() if k != "policy"})
             for pol in POLICIES[policy]]

@@ -47,6 +47,7 @@ import torch
 
 from conduit._version import __version__
 from conduit.errors import CheckpointError
+from conduit.executor import process_alive
 
 __all__ = ["FORMAT", "VERSION", "CheckpointError", "load", "read_manifest", "save"]
 
@@ -142,16 +143,6 @@ def save(path: str | Path, manifest: Mapping[str, Any], components: Mapping[str,
     return target
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
-
-
 def _remove_dead_temporaries(target: Path) -> None:
     """Temporaries of saves whose process was killed: on this host (in the name), its pid no longer alive.
     Another host's temporary (a shared file system) is left alone: its pid says nothing here."""
@@ -159,7 +150,7 @@ def _remove_dead_temporaries(target: Path) -> None:
         parts = tmp.name.rsplit(".tmp-", 1)[1].split("-")
         if len(parts) == 3 and parts[1] == _HOST and parts[0].isdigit():
             pid = int(parts[0])
-            if pid != os.getpid() and not _alive(pid):
+            if pid != os.getpid() and not process_alive(pid):
                 shutil.rmtree(tmp, ignore_errors=True)
 
 

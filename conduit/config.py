@@ -13,7 +13,6 @@ by Conduit; they may be *pinned* here for experiments.
 
 from __future__ import annotations
 
-import difflib
 from fractions import Fraction
 from typing import Annotated, Any
 
@@ -31,7 +30,7 @@ from conduit.core import (
     ingestion_space,
     is_feasible_mode,
 )
-from conduit.errors import ConfigError
+from conduit.errors import ConfigError, suggest
 
 __all__ = [
     "ConduitConfig",
@@ -55,10 +54,8 @@ def explain(exc: ValidationError, model: type[BaseModel], where: str | None = No
         got = e.get("input")
         if e["type"] == "extra_forbidden":
             owner = _model_at(model, e["loc"][:-1])
-            valid = sorted(owner.model_fields) if owner is not None else []
-            close = difflib.get_close_matches(str(e["loc"][-1]), valid, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"valid: {', '.join(valid)}"
-            lines.append(f"{loc}: not a setting (got {got!r}); {hint}")
+            valid = owner.model_fields if owner is not None else ()
+            lines.append(f"{loc}: not a setting (got {got!r}); {suggest(str(e['loc'][-1]), valid)}")
         elif e["type"] == "missing":
             lines.append(f"{loc}: required, not given")
         elif not loc:  # a rule across fields: its message names them

@@ -8,7 +8,9 @@ Messages name the field, the expected and the received value.
 
 from __future__ import annotations
 
+import difflib
 import traceback
+from collections.abc import Iterable
 
 __all__ = [
     "CheckpointError",
@@ -26,6 +28,8 @@ __all__ = [
     "SpecError",
     "WorkerDied",
     "classify",
+    "closest",
+    "suggest",
 ]
 
 
@@ -114,3 +118,16 @@ def classify(where: str, exc: BaseException, tb_text: str | None = None) -> Runt
     if where.endswith("worker"):
         return WorkerDied(where, exc, tb_text)
     return RuntimeFailed(where, exc, tb_text)
+
+
+def closest(key: str, valid: Iterable[str]) -> str | None:
+    """The valid name a misspelled ``key`` most likely meant, if any is close."""
+    found = difflib.get_close_matches(key, list(valid), n=1)
+    return found[0] if found else None
+
+
+def suggest(key: str, valid: Iterable[str], listing: str = "valid") -> str:
+    """For a message about an unknown ``key``: ``did you mean 'x'?``, else every valid name."""
+    names = sorted(valid)
+    match = closest(key, names)
+    return f"did you mean {match!r}?" if match else f"{listing}: {', '.join(names)}"

@@ -42,6 +42,7 @@ __all__ = [
     "handoff",
     "in_worker",
     "one_intra_op_thread",
+    "process_alive",
     "serial_kernels",
     "wait_until",
 ]
@@ -91,6 +92,21 @@ def one_intra_op_thread() -> bool:
     except Exception:  # no OpenMP symbol in the process (or no dlopen(NULL)): the caller chunks instead
         return False
     return torch.get_num_threads() == 1
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (a zombie, dead but not yet reaped by its parent, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:  # no procfs: the signal check is all there is
+        return True
 
 
 class FailureBox:

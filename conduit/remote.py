@@ -54,7 +54,7 @@ import torch
 import torch.multiprocessing as mp
 
 from conduit.errors import ConduitTimeout, RuntimeClosed, SpecError
-from conduit.executor import POLL_S, FailureBox, Worker, wait_until
+from conduit.executor import POLL_S, FailureBox, Worker, process_alive, wait_until
 from conduit.spec import Data, as_tensors
 
 __all__ = ["LIVENESS_S", "ActorChannel", "ActorLoss", "ChannelStats", "RemoteActor"]
@@ -110,21 +110,6 @@ def _messages(unit: int, tensors: dict[str, torch.Tensor]) -> list[bytes]:
             groups[i : i + 1] = [g[: len(g) // 2], g[len(g) // 2 :]]
     return [bytes(ForkingPickler.dumps((unit, k, len(groups), {n: tensors[n] for n in g})))
             for k, g in enumerate(groups)]
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, dead but not yet reaped by its parent, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:  # no procfs: the signal check is all there is
-        return True
 
 
 class RemoteActor:
@@ -306,7 +291,7 @@ class ActorChannel:
             return
         if not self._take(index, message):
             pid = self._shared.pids[index]
-            if pid <= 0 or not _alive(pid):
+            if pid <= 0 or not process_alive(pid):
                 self._retire(index, died=self._shared.closed[index] == 0)
 
     def _take(self, index: int, message: bytes) -> bool:
@@ -345,7 +330,7 @@ class ActorChannel:
     def _check_liveness(self) -> None:
         for index, actor in enumerate(self._actors):
             pid = self._shared.pids[index]
-            if actor.gone or pid <= 0 or self._shared.closed[index] or _alive(pid):
+            if actor.gone or pid <= 0 or self._shared.closed[index] or process_alive(pid):
                 continue
             self._retire(index, died=True)
 

@@ -95,6 +95,12 @@ class SlotTable:
         self._hold(full)
         return full
 
+    def hold_spent(self, max_times: int) -> np.ndarray:
+        """Hold every live row whose uses are all counted or reserved (after a load); returns them."""
+        full = np.flatnonzero(self.valid & (self.times_sampled + self.reserved >= max_times)).astype(np.int64)
+        self._hold(full)
+        return full
+
     def settle(self, slots: np.ndarray, max_times: int, *, delivered: bool) -> tuple[np.ndarray, np.ndarray]:
         """Reserved uses of ``slots`` (distinct, live, one each) end: counted (``delivered``) or given back.
 
@@ -193,13 +199,13 @@ class SlotTable:
     def state_dict(self) -> dict[str, Any]:
         return {
             "ids": self.ids.copy(), "times_sampled": self.times_sampled.copy(), "valid": self.valid.copy(),
-            "reserved": self.reserved.copy(), "held": self.held.copy(),
-            "count": self.count, "high": self.high, "pos": self.pos,
+            "reserved": self.reserved.copy(), "count": self.count, "high": self.high, "pos": self.pos,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` (a checkpoint from before reservations has none: every row free)."""
-        keys = ("ids", "times_sampled", "valid", *(k for k in ("reserved", "held") if k in state))
+        """Restore :meth:`state_dict` (a checkpoint from before reservations has none: every row free); which rows
+        are held follows from the counts and the limit (:meth:`hold_spent`)."""
+        keys = ("ids", "times_sampled", "valid", *(("reserved",) if "reserved" in state else ()))
         for key in keys:
             arr = np.asarray(state[key])
             if arr.shape != (self.capacity,):
@@ -208,8 +214,8 @@ class SlotTable:
         self.times_sampled = np.asarray(state["times_sampled"], dtype=np.int64).copy()
         self.valid = np.asarray(state["valid"], dtype=bool).copy()
         self.reserved = np.asarray(state.get("reserved", np.zeros(self.capacity)), dtype=np.int64).copy()
-        self.held = np.asarray(state.get("held", np.zeros(self.capacity)), dtype=bool).copy()
-        self.held_count = int(self.held.sum())
+        self.held = np.zeros(self.capacity, dtype=bool)
+        self.held_count = 0
         self.count, self.high, self.pos = int(state["count"]), int(state["high"]), int(state["pos"])
         self._dense = self._free = None
         self._pure_ring, self._next_id = self._ring_arithmetic()

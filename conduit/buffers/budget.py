@@ -89,13 +89,11 @@ class UseBudget:
         return {"held_leaves": None if self._held_leaves is None else self._held_leaves.copy()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """After the slot table and the sampler are loaded; a checkpoint from before this record holds none."""
+        """After the slot table and the sampler are loaded: the held rows follow from the table's counts, their
+        priorities from the record (a checkpoint from before reservations has neither)."""
+        self.table.hold_spent(self.limit)
         held = state.get("held_leaves")
         self._held_leaves = None if held is None else np.asarray(held, dtype=np.float64).copy()
-        if self.table.held_count and self.sampler.has_priorities and self._held_leaves is None:
-            # held rows with no priority of their own: the sampler's maximum, as a new row gets
-            self._held_leaves = np.zeros(self.table.capacity)
-            self._held_leaves[self.table.held] = self.sampler.max_priority ** getattr(self.sampler, "alpha", 1.0)
 
     def _hold(self, slots: np.ndarray) -> None:
         if slots.size and self.sampler.has_priorities:

@@ -134,7 +134,7 @@ class DataPath(ABC):
             raise self._held_up(timeout, doing)
 
     def _held_up(self, timeout: float, doing: str) -> ConduitTimeout:
-        busy = "; ".join(self.activity()) or f"another thread is running a {self.name} invocation"
+        busy = self.doing(f"another thread is running a {self.name} invocation")
         return ConduitTimeout(f"timed out after {timeout:.3g}s waiting to {doing}: {busy}")
 
     @contextlib.contextmanager
@@ -157,8 +157,7 @@ class DataPath(ABC):
                 self._paused = True  # the worker starts none either
                 try:
                     wait_until(self.cond, lambda: not self._working, max(0.0, deadline - time.monotonic()),
-                               self.failure, lambda: f"{self.name} to pause: " + ("; ".join(self.activity())
-                                                                                  or "the worker is busy"))
+                               self.failure, lambda: f"{self.name} to pause: " + self.doing("the worker is busy"))
                 except BaseException:
                     self._paused = False
                     raise
@@ -188,7 +187,7 @@ class DataPath(ABC):
         if old is not None and not old.stop(max(0.0, deadline - time.monotonic())):
             log.warning(  # it has retired (the new mode is in place) and ends after its invocation
                 "conduit: the %s worker of the old mode is still inside an invocation: %s", self.name,
-                "; ".join(self.activity()) or "busy",
+                self.doing("busy"),
             )
         self.start()
         self._after_switch()
@@ -202,6 +201,10 @@ class DataPath(ABC):
     def activity(self) -> list[str]:
         """What each thread inside an invocation of this path is doing now (for timeouts and ``close``)."""
         return self.graph.activity()
+
+    def doing(self, otherwise: str) -> str:
+        """:meth:`activity` as one phrase for a message, or ``otherwise`` when no invocation is under way."""
+        return "; ".join(self.graph.activity()) or otherwise
 
     def close(self, timeout: float) -> list[str]:
         """Stop the worker, waiting at most ``timeout``; returns what is left behind: every thread still inside

@@ -200,6 +200,7 @@ class IngestionPath(DataPath):
             self.stats.blocked_s += time.perf_counter() - t_wait
             if copy and not copied and self._defers():  # the schedule switched while this push waited
                 tensors = _own(tensors)
+                copied = True
             parts = self._split(tensors, rows)
             ticket = buffer.admit(rows, len(parts))
             if ticket.pieces == 1 and len(parts) > 1:  # the buffer writes this unit whole
@@ -217,37 +218,36 @@ class IngestionPath(DataPath):
             self.stats.pushed_rows += rows
             self.cond.notify_all()
         if not self.mode.overlap:
-            self._drain_own(mine, copy, timeout)
+            self._drain_own(mine, copy and not copied, timeout)
         self.stats.push_s += time.perf_counter() - t0
 
     def _drain_own(self, mine: list[Piece], copy: bool, timeout: float) -> None:
         """Inline: run what is pending, this push's unit included, waiting at most ``timeout`` for another
-        thread's invocation (a hook that hangs). Where that wait times out, the unit is taken back if no
-        invocation took it yet and admission was free (the push raises, nothing changed); else it stays queued,
-        copied first (``copy``), for the invocation in flight to ingest, and the push says so as it raises."""
+        thread's invocation (a hook that hangs). While it waits the unit is copied (``copy``: the actor may
+        refill its arrays meanwhile). Where the wait times out, the unit is taken back if no invocation took it
+        yet and admission was free (the push raises, nothing changed); else it stays queued for the invocation
+        in flight to ingest, and the push says so as it raises."""
         lock = self._invoke_locks[0]
-        if lock.acquire(blocking=False):
-            lock.release()
-            self._drain_inline(flush=False, timeout=timeout)
-            return
-        if copy:  # the actor may refill its arrays while this push waits, or after it gives up
-            with self.cond:
-                for p in mine:
-                    if p in self.queue:  # by identity (eq=False)
-                        p.data = _own(p.data)
-        try:
-            self._drain_inline(flush=False, timeout=timeout)
-        except ConduitTimeout as exc:
-            with self.cond:
-                queued = all(p in self.queue for p in mine)
-                if queued and self.buffer.free_admission:
+        if not lock.acquire(blocking=False):
+            if copy:
+                with self.cond:
                     for p in mine:
-                        self.queue.remove(p)
-                    self.pending_units -= 1
-                    self.stats.pushed_units -= 1
-                    self.stats.pushed_rows -= sum(p.rows for p in mine)
-                    raise ConduitTimeout(f"{exc}; this push's unit was not ingested") from None
-            raise ConduitTimeout(f"{exc}; this push's unit is queued and is ingested when that ends") from None
+                        if p in self.queue:  # by identity (eq=False)
+                            p.data = _own(p.data)
+            try:
+                self._acquire(lock, timeout, "run ingestion")
+            except ConduitTimeout as exc:
+                with self.cond:
+                    if all(p in self.queue for p in mine) and self.buffer.free_admission:
+                        for p in mine:
+                            self.queue.remove(p)
+                        self._uncount(mine)
+                        raise ConduitTimeout(f"{exc}; this push's unit was not ingested") from None
+                raise ConduitTimeout(f"{exc}; this push's unit is queued and is ingested when that ends") from None
+        try:
+            self._drain_held(flush=False)
+        finally:
+            lock.release()
 
     def _check_input(self, data: Data) -> dict[str, torch.Tensor]:
         """With a hook: the unit as pushed (dense, detached), refused with SpecError unless it matches the first
@@ -295,11 +295,9 @@ class IngestionPath(DataPath):
         return True
 
     def _describe_lag(self) -> str:
-        busy = self.activity()
-        doing = "; ".join(busy) if busy else "the ingestion worker is stalled"
         return (
             f"ingestion to catch up ({self.pending_units} unit(s) pending, granularity {self.mode.granularity}): "
-            f"{doing}"
+            f"{self.doing('the ingestion worker is stalled')}"
         )
 
     # -- invocations ----------------------------------------------------------
@@ -330,14 +328,18 @@ class IngestionPath(DataPath):
         lock = self._invoke_locks[0]
         self._acquire(lock, self.timeout if timeout is None else timeout, "run ingestion")
         try:
-            while True:
-                with self.cond:
-                    group = self._take_group(flush)
-                if group is None:
-                    return
-                self._invoke(group, inline=True)
+            self._drain_held(flush)
         finally:
             lock.release()
+
+    def _drain_held(self, flush: bool) -> None:
+        """Run pending invocations in this thread (caller holds the invocation lock)."""
+        while True:
+            with self.cond:
+                group = self._take_group(flush)
+            if group is None:
+                return
+            self._invoke(group, inline=True)
 
     def _invoke(self, group: list[Piece], inline: bool = False) -> None:
         for p in group:  # on the worker's stream: after the actor's kernels that produced the unit
@@ -366,13 +368,17 @@ class IngestionPath(DataPath):
         if len(group) != 1 or group[0].owner != me or not group[0].unit_end or not self.buffer.free_admission:
             return False
         with self.cond:
-            self.pending_units -= 1
-            self.stats.pushed_units -= 1
-            self.stats.pushed_rows -= group[0].rows
-            if not self.stats.pushed_units:  # the unit that defined the hook's input spec was refused
-                self._input_spec = None
-            self.cond.notify_all()
+            self._uncount(group)
         return True
+
+    def _uncount(self, pieces: list[Piece]) -> None:
+        """One unit's pieces, out of the queue, are as if never pushed (caller holds cond; free admission)."""
+        self.pending_units -= 1
+        self.stats.pushed_units -= 1
+        self.stats.pushed_rows -= sum(p.rows for p in pieces)
+        if not self.stats.pushed_units:  # the unit that defined the hook's input spec was refused
+            self._input_spec = None
+        self.cond.notify_all()
 
     def _write(self, packet: Packet) -> Packet:
         if not packet.parts:
@@ -406,8 +412,8 @@ class IngestionPath(DataPath):
             try:
                 wait_until(
                     self.cond, lambda: self.pending_units == 0 and not self.queue, timeout, self.failure,
-                    lambda: f"ingestion to flush {self.pending_units} pending unit(s)"
-                    + "".join(f"; {a}" for a in self.activity()),
+                    lambda: f"ingestion to flush {self.pending_units} pending unit(s): "
+                    + self.doing("no invocation under way"),
                 )
             finally:
                 self.flushing -= 1
@@ -428,8 +434,8 @@ class IngestionPath(DataPath):
         t.start()
         t.join(timeout)
         if t.is_alive():
-            busy = "; ".join(self.activity()) or "ingestion is busy"
-            log.warning("conduit: close could not drain pending units within %.3gs: %s", timeout, busy)
+            log.warning("conduit: close could not drain pending units within %.3gs: %s", timeout,
+                        self.doing("ingestion is busy"))
             return False
         if errors:
             log.warning("conduit: close could not drain pending units: %s", errors[0])

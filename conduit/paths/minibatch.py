@@ -107,9 +107,8 @@ class MinibatchDelivery(DeliveryPath):
 
     def _describe_wait(self, learner: int) -> str:
         iteration, _ = self.cursor[learner]
-        busy = self.activity()
-        if busy:  # a delivery invocation is under way (and slow): that, not the data, is the wait
-            return f"on-policy iteration {iteration} for learner {learner}: " + "; ".join(busy)
+        if self.graph.running:  # a delivery invocation is under way (and slow): that, not the data, is the wait
+            return f"on-policy iteration {iteration} for learner {learner}: {self.doing('')}"
         return (
             f"on-policy iteration {iteration} for learner {learner}: it is not sealed yet; push the rest of its "
             "rollouts (train_batch_size rows) or call seal()"

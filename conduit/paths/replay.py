@@ -209,9 +209,8 @@ class ReplayDelivery(DeliveryPath):
             self.buffer.unreserve(item.info.indices, item.info.ids)
 
     def _describe_wait(self, learner: int) -> str:
-        busy = self.activity()
-        if busy and (self.staged[learner] or self._ready(learner) or self._busy[learner]):  # data is not the wait
-            return f"a batch for learner {learner}: " + "; ".join(busy)
+        if self.graph.running and (self.staged[learner] or self._ready(learner) or self._busy[learner]):
+            return f"a batch for learner {learner}: {self.doing('')}"  # an invocation, not the data, is the wait
         return (
             f"a batch for learner {learner}: the buffer holds {self.buffer.size} rows and sampling starts at "
             f"{self.min_rows} (min_size_to_sample); push more rollouts, or flush() units still pending ingestion; "

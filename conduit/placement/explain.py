@@ -10,11 +10,12 @@ names the closest valid key and lists them all.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+
+from conduit.errors import suggest
 
 __all__ = ["explain_file_errors"]
 
@@ -80,9 +81,7 @@ def explain_file_errors(
         key = written[0] if written else _spellings(field)[0]
         if item.get("type") == "extra_forbidden":
             valid = _valid_keys(owner, ("gpus",) if "gpu_memory_bytes" in owner.model_fields else ())
-            close = difflib.get_close_matches(key, valid, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else "valid keys: " + ", ".join(valid)
-            lines.append(f"{where}{key}: not a known key; {hint}")
+            lines.append(f"{where}{key}: not a known key; {suggest(key, valid, 'valid keys')}")
             continue
         if item.get("type") == "missing":
             lines.append(f"{where}{key}: required, not given")

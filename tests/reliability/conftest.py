@@ -51,6 +51,13 @@ def pull_until(edp: Conduit, learner: int, done: Callable[[], bool], got: list, 
             continue
 
 
+def until(condition: Callable[[], object], seconds: float = 5.0) -> None:
+    """Wait (polling, bounded) until ``condition()`` holds: a thread reached the state a test sets up."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def crew() -> Crew:
     return Crew()

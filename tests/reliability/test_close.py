@@ -17,6 +17,7 @@ import pytest
 
 from conduit import Conduit, ConduitTimeout, Mode, RuntimeClosed, Schedule
 from tests.helpers import transitions
+from tests.reliability.conftest import until
 
 MARGIN = 0.2  # the Done-means bound: close(timeout=t) returns within t + 0.2 s
 
@@ -97,9 +98,7 @@ def _inline_hang(edp: Conduit) -> tuple[threading.Event, threading.Thread]:
     edp.start()
     t = threading.Thread(target=lambda: edp.push(transitions(4)), name="stuck-actor", daemon=True)
     t.start()
-    deadline = time.monotonic() + 5
-    while not edp.ingestion.graph.running and time.monotonic() < deadline:
-        time.sleep(0.01)
+    until(lambda: edp.ingestion.graph.running)
     return gate, t
 
 
@@ -166,9 +165,7 @@ def test_a_reschedule_whose_delivery_switch_times_out_leaves_one_schedule():
     edp.push(transitions(16))
     t = threading.Thread(target=edp.pull, name="stuck-learner", daemon=True)
     t.start()
-    deadline = time.monotonic() + 5
-    while not edp.delivery.graph.running and time.monotonic() < deadline:
-        time.sleep(0.01)
+    until(lambda: edp.delivery.graph.running)
     with pytest.raises(ConduitTimeout, match="stuck-learner"):
         edp.reschedule(Schedule(Mode(True, 2), Mode(True, 1)), timeout=0.3)
     assert edp.ingestion.mode == inline.ingestion and edp.delivery.mode == inline.delivery

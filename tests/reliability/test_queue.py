@@ -20,7 +20,7 @@ import torch
 
 from conduit import Conduit, Mode, Schedule
 from tests.helpers import transitions
-from tests.reliability.conftest import pull_until
+from tests.reliability.conftest import pull_until, until
 
 B = 50
 #: the Done-means grid: learners x delivery timing x granularity, 10^5 rows each
@@ -143,9 +143,7 @@ def test_a_staged_batch_dropped_unread_gives_its_rows_back():
     with edp:
         edp.push(transitions(4 * B))
         first = edp.pull()
-        deadline = time.monotonic() + 5
-        while not edp.delivery.staged[0] and time.monotonic() < deadline:
-            time.sleep(0.01)
+        until(lambda: edp.delivery.staged[0])
         edp.delivery.set_mode(Mode(False, 1))  # the worker claims nothing more; what it staged stays staged
         table, limiter = edp.buffer.table, edp.delivery.limiter
         assert table.held_count > 0  # staged rows are reserved: no other draw may take them

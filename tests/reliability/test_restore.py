@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import conduit
 from conduit import CheckpointError, Conduit, Mode, Schedule
 from conduit.checkpoint import read_manifest
 from tests.helpers import transitions
+from tests.reliability.conftest import until
 
 G2 = Schedule(Mode(False, 2), Mode(False, 1))  # units wait for a second one: a checkpoint holds them pending
 
@@ -143,9 +143,7 @@ def test_a_prioritized_queue_saved_with_batches_in_flight_samples_after_restore(
     with edp:
         edp.push(transitions(32))
         edp.pull()
-        deadline = time.monotonic() + 5
-        while not edp.delivery.staged[0] and time.monotonic() < deadline:
-            time.sleep(0.01)
+        until(lambda: edp.delivery.staged[0])
         assert edp.buffer.table.held_count > 0
         edp.save(tmp_path / "ck")
     with Conduit.from_checkpoint(tmp_path / "ck") as b:

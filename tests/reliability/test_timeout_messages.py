@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from conduit import Conduit, ConduitTimeout, Mode, Schedule
 from tests.helpers import transitions
+from tests.reliability.conftest import until
 
 
 def test_a_pull_waiting_on_a_delivery_worker_stuck_in_its_hook_names_the_hook_not_the_data():
@@ -23,9 +23,7 @@ def test_a_pull_waiting_on_a_delivery_worker_stuck_in_its_hook_names_the_hook_no
 
     with edp:
         edp.push(transitions(64))
-        deadline = time.monotonic() + 5
-        while not edp.delivery.graph.running and time.monotonic() < deadline:
-            time.sleep(0.01)
+        until(lambda: edp.delivery.graph.running)
         with pytest.raises(ConduitTimeout) as err:
             edp.pull(timeout=0.3)
         message = str(err.value)
@@ -46,9 +44,7 @@ def test_a_push_waiting_on_an_ingestion_worker_stuck_in_its_hook_names_the_hook(
 
     with edp:
         edp.push(transitions(4))
-        deadline = time.monotonic() + 5
-        while not edp.ingestion.graph.running and time.monotonic() < deadline:
-            time.sleep(0.01)
+        until(lambda: edp.ingestion.graph.running)
         with pytest.raises(ConduitTimeout, match=r"parse.*for \d"):
             edp.push(transitions(4), timeout=0.3)
         gate.set()

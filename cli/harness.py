@@ -13,6 +13,11 @@ is a stand-in whose every invocation says where the harness is and exits 1
 (and where the harness is there but fails to import, one that says so: the
 other commands of ``conduit`` keep working either way).
 Only the CLI imports this module (``import conduit`` never does).
+
+The harness imports torch and its peers, which takes seconds: ``conduit`` mounts
+:func:`lazy_app`, a ``bench`` group that finds and imports the harness only when
+``conduit bench ...`` runs, so ``conduit --help`` and ``conduit profile --help``
+answer at once; :data:`app` itself is built on first access (PEP 562).
 """
 
 from __future__ import annotations
@@ -21,13 +26,16 @@ import importlib
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 import typer
 from typer.core import TyperGroup
 
 import conduit
 
-__all__ = ["CHECKOUT", "MISSING", "app", "load_harness"]
+__all__ = ["CHECKOUT", "HELP", "MISSING", "app", "lazy_app", "load_harness"]
+
+HELP = "Benchmarks of the experience path: micro, synthetic loop, validation sweep, summary (a source checkout's)."
 
 #: the source checkout an editable install runs from: the harness is ``CHECKOUT / "benchmarks"`` there
 CHECKOUT = Path(conduit.__file__).resolve().parent.parent
@@ -120,4 +128,35 @@ def _make_app() -> typer.Typer:
     return harness
 
 
-app: typer.Typer = _make_app()
+_built: dict[str, typer.Typer] = {}
+app: typer.Typer  # built on first access by __getattr__ below (the annotation alone binds nothing)
+
+
+def __getattr__(name: str) -> Any:
+    """``app``: the harness's typer app (or its stand-in), built on first access."""
+    if name == "app":
+        if "app" not in _built:
+            _built["app"] = _make_app()
+        return _built["app"]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _LazyBench(TyperGroup):
+    """``conduit bench``: the harness's own group, imported when ``bench`` is invoked (any arguments)."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
+    ) -> Any:  # click's Context (typer does not re-export its type, and click is not ours to import)
+        real = typer.main.get_command(__getattr__("app"))
+        return real.make_context(info_name, args, parent=parent, **extra)
+
+
+def lazy_app() -> typer.Typer:
+    """The ``bench`` group ``conduit`` mounts: its help line is static, the harness is imported when it runs."""
+    lazy = typer.Typer(cls=_LazyBench, help=HELP, add_completion=False)
+
+    @lazy.callback(invoke_without_command=True)
+    def _bench() -> None:  # pragma: no cover (make_context hands the invocation to the harness's own group)
+        pass
+
+    return lazy

@@ -24,7 +24,7 @@ app = typer.Typer(
 
 app.command("profile")(_profile.profile)
 app.command("plan")(_plan.plan)
-app.add_typer(_harness.app, name="bench")
+app.add_typer(_harness.lazy_app(), name="bench")
 
 
 @app.callback()

@@ -3,10 +3,17 @@
 With no arguments it runs the embedded synthetic workload — a DQN-like
 off-policy loop and a PPO-like on-policy loop at transition dimension 1,000 —
 through the real runtime, and prints the profiled costs, the ranked candidate
-schedules with predicted ``T_iter`` and exposed experience-path latency, the
-chosen placement + schedule, and a measured check of the choice against the
-inline baseline (an RLlib-style buffer). ``--json`` writes the same to stdout
-machine-readably. The cost-model validation sweep is a benchmark (``conduit bench validate``).
+schedules with predicted and measured ``T_iter`` and exposed experience-path
+latency, the chosen placement + schedule, and a measured check of the choice
+against the inline baseline (an RLlib-style buffer): the plan it keeps is
+inline unless the choice beat inline by more than the check's noise.
+``--budget`` bounds the whole command (default 90 s); on a host other
+processes keep busy it waits a little, measures more rounds, and says so.
+``--json`` writes the same to stdout machine-readably. The cost-model
+validation sweep is a benchmark (``conduit bench validate``).
+
+torch is imported inside the command, not by this module, so that
+``conduit profile --help`` answers at once.
 """
 
 from __future__ import annotations
@@ -17,11 +24,11 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import typer
 from conduit.cli.errors import user_errors
+from conduit.cli.profile_report import print_machine, print_profile
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
@@ -33,26 +40,28 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
 
 from conduit.core import INLINE, Policy
 from conduit.errors import ConfigError, closest
 from conduit.files import read_mapping
-from conduit.samplers import sumtree
-from conduit.scheduling.model import Costs, predict
-from conduit.scheduling.profiler import ProfileSettings, interleaved_medians, planned_steps, profile_workload
-from conduit.scheduling.workload import DRIFT, CostKind, SyntheticWorkload, standalone_costs
-from conduit.storage import streaming
+from conduit.scheduling.kinds import CostKind
+
+if TYPE_CHECKING:
+    from conduit.scheduling.host import Deadline
+    from conduit.scheduling.model import Costs
+    from conduit.scheduling.workload import SyntheticWorkload
 
 POLICIES = {"off": [Policy.OFF_POLICY], "on": [Policy.ON_POLICY], "both": [Policy.OFF_POLICY, Policy.ON_POLICY]}
 CHECK_ROUNDS = 3  # interleaved runs of the plan and of inline in the closing check (medians)
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3f}"
+CHECK_SHARE = 0.25  # of each workload's share of the budget, kept for the closing check
 
 
 def machine_info() -> dict[str, Any]:
+    import torch
+
+    from conduit.samplers import sumtree
+    from conduit.storage import streaming
+
     cuda = torch.cuda.is_available()
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
     return {
@@ -68,6 +77,8 @@ def machine_info() -> dict[str, Any]:
 
 def _workloads(policy: str, fields: dict[str, Any], config: Path | None) -> list[SyntheticWorkload]:
     """The workloads to profile: the options, overridden by the ``--config`` file's fields."""
+    from conduit.scheduling.workload import SyntheticWorkload
+
     if config is not None:
         fields = {**fields, **read_mapping(config, "--config file")}
     known = set(SyntheticWorkload.__dataclass_fields__) - {"policy"}
@@ -97,11 +108,17 @@ def profile(
     g_max: int = typer.Option(4, min=1, max=16, help="Cap on off-policy granularities."),
     config: Path | None = typer.Option(None, exists=True, dir_okay=False, help="JSON/YAML file with these fields."),
     check: bool = typer.Option(True, help="Measure the chosen plan against the inline baseline."),
+    budget: float = typer.Option(
+        90.0, min=5.0, help="Seconds the whole profile may take (a hard bound: no run starts that it cannot afford)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Write machine-readable JSON to stdout instead of tables."),
 ) -> None:
     """Profile hardware and workload, rank candidate schedules, print the chosen plan."""
+    from conduit.scheduling.host import Deadline
+
     if policy not in POLICIES:
         raise typer.BadParameter(f"--policy must be one of {sorted(POLICIES)}, got {policy!r}")
+    deadline = Deadline(budget)
     fields: dict[str, Any] = dict(
         dim=dim, batch_size=batch_size, unit_size=unit_size, capacity=capacity,
         units_per_iteration=units_per_iteration, num_minibatches=minibatches, num_epochs=epochs,
@@ -110,18 +127,18 @@ def profile(
     with user_errors():
         workloads = _workloads(policy, fields, config)
     console = Console(stderr=as_json)
-    t_start = time.perf_counter()
-    out: dict[str, Any] = {"machine": machine_info(), "workloads": []}
+    out: dict[str, Any] = {"machine": machine_info(), "budget_s": budget, "workloads": []}
     if not as_json:
-        _print_machine(console, out["machine"])
-    for workload in workloads:
-        out["workloads"].append(_profile_one(console, workload, g_max, check, as_json))
-    out["seconds"] = time.perf_counter() - t_start
+        print_machine(console, out["machine"])
+    for i, workload in enumerate(workloads):
+        share = deadline.share(1.0 / (len(workloads) - i))  # what is left, split over the workloads left
+        out["workloads"].append(_profile_one(console, workload, g_max, check, as_json, share))
+    out["seconds"] = deadline.spent
     if as_json:
         json.dump(out, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
-        console.print(f"\n[dim]profiled in {out['seconds']:.1f} s[/dim]")
+        console.print(f"\n[dim]profiled in {out['seconds']:.1f} s (budget {budget:.0f} s)[/dim]")
 
 
 class Steps:
@@ -175,53 +192,85 @@ class Steps:
         self.bar.update(self.task, completed=self.done)
 
 
-def _profile_one(console: Console, w: SyntheticWorkload, g_max: int, check: bool, quiet: bool) -> dict[str, Any]:
+def _profile_one(
+    console: Console, w: SyntheticWorkload, g_max: int, check: bool, quiet: bool, deadline: Deadline
+) -> dict[str, Any]:
+    from conduit.scheduling.model import predict
+    from conduit.scheduling.profiler import ProfileSettings, planned_steps, profile_workload
+
     label = "DQN-like off-policy" if w.policy is Policy.OFF_POLICY else "PPO-like on-policy"
-    settings = ProfileSettings()
-    total = planned_steps(w, settings, g_max) + (2 * CHECK_ROUNDS if check else 0)
-    with Steps(console, label, total, quiet) as steps:
-        check_steps = 2 * CHECK_ROUNDS if check else 0
+    check_steps = 2 * CHECK_ROUNDS if check else 0
+    settings = ProfileSettings(budget_s=deadline.left * (1 - CHECK_SHARE if check else 1.0))
+    with Steps(console, label, planned_steps(w, settings, g_max) + check_steps, quiet) as steps:
         result = profile_workload(
             w, settings=settings, g_max=g_max, progress=steps.step, expect=lambda n: steps.expect(n + check_steps)
         )
-        ranked, chosen = result.ranked, result.choice
+        chosen = result.choice
         baseline = predict(result.costs, INLINE)  # an RLlib-style buffer
-        measured: dict[str, Any] = {}
-        if check:
-            checked = list(dict.fromkeys((baseline.schedule, chosen.schedule)))
-            steps.expect(len(checked) * CHECK_ROUNDS)
-            # interleaved rounds, medians: one run each, back to back, read the machine's drift as a difference.
-            # Rollout and update are timed alone in the same rounds: a shared host's speed moves within seconds,
-            # and costs profiled a minute earlier would turn such a drift into exposed latency
-            alone: list[float] = []
-            t_iter = interleaved_medians(
-                w, checked, CHECK_ROUNDS, 25, 5, pool=w.units(), progress=steps.step, label="checking ",
-                between=lambda: alone.append(sum(standalone_costs(w))),
-            )
-            t_alone = statistics.median(alone)
-            for name, sched in (("inline", baseline.schedule), ("chosen", chosen.schedule)):
-                measured[name] = {"t_iter_s": t_iter[sched], "exposed_s": t_iter[sched] - t_alone}
-            measured["t_alone_s"] = t_alone  # rollout + update alone, timed in the same rounds
-            measured["profiled_alone_s"] = result.costs.t_rollout + result.costs.t_update
-            measured["rounds"] = CHECK_ROUNDS
+        notes = list(result.notes)
+        measured = _check(w, result, chosen.schedule, steps, deadline, notes) if check else {}
+    kept = chosen.schedule
+    if measured.get("kept") == "inline":
+        kept = INLINE
     placement = _placement(w)
     doc = {
         "workload": {k: (v.value if hasattr(v, "value") else v) for k, v in w.__dict__.items()},
         "bytes_per_sample": w.bytes_per_sample,
         "costs": _costs_json(result.costs),
         "calibration": result.calibration,
-        "candidates": [p.to_json() for p in ranked],
+        "candidates": [p.to_json() for p in result.ranked],
         "chosen": {"schedule": chosen.schedule.to_json(), "placement": placement["chosen"], **chosen.to_json()},
+        "kept": kept.to_json(),
         "placement": placement,
         "model_choice": result.model_choice.to_json(),
-        "verified": [{"schedule": s.to_json(), "t_iter_s": t} for s, t in result.verified.items()],
+        "verified": [{"schedule": s.to_json(), "t_iter_s": v.median, "low_s": v.low, "high_s": v.high,
+                      "runs": v.runs} for s, v in result.spreads.items()],
         "baseline": baseline.to_json(),
         "measured": measured,
+        "load": result.load,
+        "notes": notes,
         "profile_seconds": result.seconds,
     }
     if not quiet:
-        _print_profile(console, label, w, result.costs, ranked, chosen, baseline, measured, result.verified, placement)
+        print_profile(console, label, w, result, chosen, baseline, measured, placement, notes)
     return doc
+
+
+def _check(
+    w: SyntheticWorkload, result: Any, plan: Any, steps: Steps, deadline: Deadline, notes: list[str]
+) -> dict[str, Any]:
+    """The plan against inline on the loop, interleaved rounds, rollout and update timed alone in the same rounds
+    (a shared host's speed moves within seconds, and costs profiled a minute earlier would turn such a drift into
+    exposed latency). The plan kept is inline unless the plan beat it by more than the noise of these rounds."""
+    from conduit.scheduling.noise import beats
+    from conduit.scheduling.profiler import interleaved
+    from conduit.scheduling.source import LiveSource
+
+    checked = list(dict.fromkeys((INLINE, plan)))
+    steps.expect(len(checked) * CHECK_ROUNDS)
+    source = LiveSource(w)
+    alone: list[float] = []
+    spreads = interleaved(
+        source, checked, CHECK_ROUNDS, 25, 5, progress=steps.step, label="checking ",
+        between=lambda: alone.append(sum(source.alone(15))), deadline=deadline, note=notes.append,
+    )
+    if INLINE not in spreads:
+        return {}
+    t_alone = statistics.median(alone) if alone else result.costs.t_rollout + result.costs.t_update
+    measured: dict[str, Any] = {"t_alone_s": t_alone, "profiled_alone_s": result.costs.t_rollout
+                                + result.costs.t_update, "rounds": spreads[INLINE].runs}
+    for name, sched in (("inline", INLINE), ("chosen", plan)):
+        if sched in spreads:
+            v = spreads[sched]
+            measured[name] = {
+                "t_iter_s": v.median, "low_s": v.low, "high_s": v.high,
+                "exposed_s": max(0.0, v.median - t_alone),  # a run below the costs alone is noise, not a gain
+            }
+    measured["kept"] = "chosen"
+    if plan != INLINE and (plan not in spreads or not beats(spreads[plan], spreads[INLINE], result.margin)):
+        measured["kept"] = "inline"
+        notes.append("the check did not find the plan faster than inline by more than its noise: inline is kept")
+    return measured
 
 
 def _placement(w: SyntheticWorkload) -> dict[str, Any]:
@@ -266,116 +315,3 @@ def _costs_json(c: Costs) -> dict[str, Any]:
     }
 
 
-def _print_machine(console: Console, m: dict[str, Any]) -> None:
-    gpus = ", ".join(m["gpus"]) or "none"
-    ring = "non-temporal" if m["streaming_writes"] else "cached (conduit._native not built)"
-    tree = "C" if m["native_sumtree"] else "numpy (conduit._native not built)"
-    console.print(
-        f"[bold]Conduit profile[/bold]  torch {m['torch']}, {m['cpu_count']} CPU threads, GPUs: {gpus}; "
-        f"replay-ring writes: {ring}; prioritized sum-tree: {tree}"
-    )
-
-
-def _print_profile(console, label, w, costs, ranked, chosen, baseline, measured, verified, placement) -> None:  # type: ignore[no-untyped-def]
-    console.print(
-        f"\n[bold cyan]{label}[/bold cyan]: dim {w.dim} ({w.bytes_per_sample:,} B/transition), "
-        f"unit {w.unit_size}, batch {w.train_batch_size}, cost={w.cost.value}; the actor hands its units over "
-        "(copy_on_push=False: the default copies a unit whose write is deferred)"
-    )
-    t = Table(title="Profiled costs (ms)", show_lines=False)
-    t.add_column("term")
-    t.add_column("per invocation", justify="right")
-    t.add_column("per iteration", justify="right")
-    t.add_row("T_rollout", "", _ms(costs.t_rollout))
-    t.add_row("T_update", "", _ms(costs.t_update))
-    for g, v in costs.t_ing.items():
-        t.add_row(f"T_ing(g={g})", _ms(v), _ms(costs.per_iteration_ing(g)))
-    for g, v in costs.t_del.items():
-        t.add_row(f"T_del(g={g})", _ms(v), _ms(costs.per_iteration_del(g)))
-    t.add_row("T_sync ingestion (fitted)", _ms(costs.t_sync_ing), _ms(costs.t_sync0_ing))
-    t.add_row("T_sync delivery (fitted)", _ms(costs.t_sync_del), _ms(costs.t_sync0_del))
-    for path, measured_s in (("ingestion", costs.s_ing), ("delivery", costs.s_del)):
-        for g, v in sorted(measured_s.items()):
-            t.add_row(f"overlap cost, {path} g={g} (probed)", "", _ms(v))
-    t.add_row("overlap cost, both paths beyond each (probed)", "", _ms(costs.s_both))
-    console.print(t)
-
-    r = Table(title="Candidate schedules, best first (model)")
-    for col in ("#", "ingestion", "delivery", "T_iter ms", "exposed ms", "verified T_iter ms"):
-        r.add_column(col, justify="right" if "ms" in col or col == "#" else "left")
-    shown = ranked[:8]
-    if baseline.schedule not in [p.schedule for p in shown]:
-        shown = [*shown, baseline]
-    for p in shown:
-        style = "bold green" if p.schedule == chosen.schedule else ("yellow" if p.schedule == baseline.schedule else "")
-        idx = next(i for i, q in enumerate(ranked) if q.schedule == p.schedule) + 1
-        v = _ms(verified[p.schedule]) if p.schedule in verified else ""
-        r.add_row(
-            str(idx), str(p.schedule.ingestion), str(p.schedule.delivery), _ms(p.t_iter), _ms(p.exposed), v,
-            style=style,
-        )
-    console.print(r)
-    console.print(
-        f"[bold green]Plan:[/bold green] placement [bold]{placement['chosen']}[/bold]; "
-        f"ingestion [bold]{chosen.schedule.ingestion}[/bold], "
-        f"delivery [bold]{chosen.schedule.delivery}[/bold]; predicted exposed {_ms(chosen.exposed)} ms "
-        f"vs inline {_ms(baseline.exposed)} ms"
-    )
-    console.print(_placement_line(placement))
-    if measured:
-        console.print(_measured_line(measured, same=chosen.schedule == baseline.schedule))
-
-
-def _placement_line(p: dict[str, Any]) -> str:
-    """Where Alg. 1 puts this buffer, and what the loop above ran on."""
-    line = (
-        f"[dim]Placement: Alg. 1 on this machine's profile, {p['rows']:,} rows, rollouts in host memory, learner on "
-        f"{p['learner']}: {p['chosen']} ({p['transfer_s_per_sample'] * 1e6:.3f} us per transition modeled"
-    )
-    if p["runner_up"] is not None:
-        line += f"; next {p['runner_up']}, {p['runner_up_s_per_sample'] * 1e6:.3f} us"
-    line += ")"
-    if p["learner"] != "cpu":
-        line += (
-            ". The loop above ran in host memory with a CPU learner; a runtime whose learner is on the GPU places "
-            "its buffer as here unless storage_device pins one"
-        )
-    return line + ".[/dim]"
-
-
-def _measured_line(measured: dict[str, Any], same: bool) -> str:
-    """The check of the plan on the loop; ``same``: the plan is the inline schedule (measured once, not compared)."""
-    inl, ch = measured["inline"], measured["chosen"]
-    runs = f"median of {measured.get('rounds', 1)} interleaved runs"
-    if "t_alone_s" in measured:
-        runs += f", rollout + update alone {_ms(measured['t_alone_s'])} ms in the same rounds"
-    if same:
-        line = (
-            f"[bold]Measured:[/bold] the plan is the inline schedule: T_iter {_ms(inl['t_iter_s'])} ms, exposed "
-            f"{_ms(inl['exposed_s'])} ms ({runs})"
-        )
-    else:
-        change = ch["exposed_s"] / inl["exposed_s"] - 1 if inl["exposed_s"] > 0 else float("nan")
-        line = (
-            f"[bold]Measured:[/bold] T_iter {_ms(ch['t_iter_s'])} ms vs inline {_ms(inl['t_iter_s'])} ms; exposed "
-            f"{_ms(ch['exposed_s'])} ms vs {_ms(inl['exposed_s'])} ms "
-            + (f"({change:+.0%} exposed latency" if change == change else "(inline exposes nothing measurable")
-            + f"; {runs})"
-        )
-    return line + _drift_note(measured)
-
-
-def _drift_note(measured: dict[str, Any]) -> str:
-    """A sentence when the machine's speed moved between profiling and the check (else nothing).
-
-    The tables above were measured in the earlier state, the check in the later one: without the
-    note a reader sees one schedule at two quite different times in one printout and cannot tell why.
-    """
-    then, now = measured.get("profiled_alone_s"), measured.get("t_alone_s")
-    if not then or not now or abs(now / then - 1) <= DRIFT:
-        return ""
-    return (
-        f"\n[dim]This machine's speed moved while it was profiled: rollout + update alone took {_ms(then)} ms "
-        f"when the costs above were measured and {_ms(now)} ms in the check, so the tables' times and the "
-        "check's differ by as much; compare figures measured in the same rounds.[/dim]"
-    )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 import ray
-from conduit.integrations.rllib import enable_conduit, measure_iterations, quiet_ray_startup, summary_table
+from conduit.integrations.rllib import enable_conduit, measure_iterations, quiet_ray_startup, stats, summary_table
 from ray.rllib.algorithms.dqn import DQNConfig
 
 
@@ -45,6 +45,8 @@ def main(iterations: int = 3, conduit: bool = True, compare: bool = False, stale
     algos = {label: build(use_conduit, seed, staleness, prefetch) for label, use_conduit in runs}
     try:
         results = measure_iterations(algos, iterations, verbose)  # interleaved: A, B, A, B, ...
+        if verbose and "conduit" in algos:
+            print(f"[conduit] buffer: {stats(algos['conduit']).buffer}")
     finally:
         for algo in algos.values():
             algo.stop()

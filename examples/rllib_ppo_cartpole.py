@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 import ray
-from conduit.integrations.rllib import enable_conduit, measure_iterations, quiet_ray_startup, summary_table
+from conduit.integrations.rllib import enable_conduit, measure_iterations, quiet_ray_startup, stats, summary_table
 from ray.rllib.algorithms.ppo import PPOConfig
 
 
@@ -44,7 +44,7 @@ def main(iterations: int = 3, conduit: bool = True, compare: bool = False, seed:
     try:
         results = measure_iterations(algos, iterations, verbose)  # interleaved: A, B, A, B, ...
         if verbose and "conduit" in algos:
-            print(f"[conduit] pipeline: {algos['conduit'].learner_group._learner.conduit_stats}")
+            print(f"[conduit] pipeline: {stats(algos['conduit']).pipeline}")
     finally:
         for algo in algos.values():
             algo.stop()

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from conduit import Conduit, ExperienceSpec, FieldSpec
-from conduit.core import Mode, Schedule, feasible_schedules, is_feasible_mode
+from conduit.core import INLINE, Mode, Schedule, feasible_schedules, is_feasible_mode
 from conduit.scheduling.auto import AutoPlanner, Phase
 from conduit.scheduling.fit import settle, shortlist
 from conduit.scheduling.model import rank
+from conduit.scheduling.noise import beats
 from conduit.scheduling.workload import Burner, CostKind
 from tests.helpers import transitions
 
@@ -58,7 +59,12 @@ def test_planner_profiles_probes_and_settles_on_a_feasible_minimum():
         assert set(planner.verified) == set(shortlist(ranked, 3))  # the model's shortlist, each measured live
         families = {(s.ingestion.overlap, s.delivery.overlap) for s in planner.verified}
         assert len(families) == 4  # off-policy: every overlap family has a verified representative
-        assert event.prediction == settle(ranked, planner.verified)  # the finest within 3% of the fastest, then inline
+        # the finest within 3% of the fastest, then inline; kept over inline (the all-inline probe) only when it
+        # beats it by more than the two measurements' spread
+        assert INLINE in planner.judged and set(planner.verified) <= set(planner.spreads)
+        assert event.prediction == settle(ranked, planner.judged, spreads=planner.spreads)
+        plan = event.prediction.schedule
+        assert plan == INLINE or beats(planner.spreads[plan], planner.spreads[INLINE], 0.03)
         edp.flush()
         assert sorted(edp.buffer.contents()["tid"].tolist()) == list(range(pushed))
 
@@ -114,3 +120,24 @@ def test_a_probe_lasts_whole_periods_of_the_probed_schedule():
     planner._probe_times = [0.5, 0.5, 0.010, 0.010, 0.016, 0.010, 0.010, 0.016]
     assert planner._probe_time() == pytest.approx(0.012)  # the mean over the period, not the median 0.010
     edp.close()
+
+
+def test_on_drift_the_planner_falls_back_to_inline_until_a_new_plan_beats_it():
+    """The measured iteration time leaves the prediction: the gain planned for may be gone, so the runtime runs
+    inline while the planner observes again, and the next plan must beat inline again."""
+    from dataclasses import replace
+
+    edp = Conduit(policy="off_policy", train_batch_size=8, capacity=4096, min_size_to_sample=8, g_max=2, seed=0)
+    planner = AutoPlanner(edp, observe=3, probe=3, window=4, drift=0.25)
+    with edp:
+        pushed = _until_planned(edp, planner, 2 * (1 + 3 + 6 * 4 + 6 * 4))
+        overlapped = Schedule(Mode(True, 1), Mode(True, 1))
+        edp.reschedule(overlapped)  # as if the plan had been an overlapped one
+        planner.prediction = replace(planner.prediction, t_iter=planner.prediction.t_iter * 1e-3, schedule=overlapped)
+        for _ in range(12):  # a window of 4, then the drift is seen at once
+            pushed = _loop(edp, 1, start=pushed)
+            if planner.phase is Phase.OBSERVE:
+                break
+        assert planner.history[-1].reason.startswith("measured T_iter"), planner.history[-1]
+        assert planner.history[-1].schedule == overlapped  # what ran when the drift was seen
+        assert edp.schedule == INLINE  # and what runs while the planner observes again

@@ -10,6 +10,7 @@ from conduit.cli.main import app
 from typer.testing import CliRunner
 
 from conduit.samplers import sumtree
+from conduit.scheduling.noise import Spread, beats
 from conduit.storage import streaming
 
 TINY = ["--dim", "16", "--unit-size", "32", "--batch-size", "32", "--capacity", "2048", "--rollout-ms", "0.2", "--update-ms", "0.5"]
@@ -55,7 +56,12 @@ def test_profile_json_reports_costs_candidates_and_a_feasible_plan():
         overlaps = [m["ingestion"]["overlap"] or m["delivery"]["overlap"] for _, m in tied]
         # the finest within 3% (after any rematch), then inline, then the model's order
         plan = min(zip(tied, overlaps), key=lambda x: (_coarseness(x[0][1]), x[1]))[0][0]
+        runs = {json.dumps(v["schedule"], sort_keys=True): Spread(v["t_iter_s"], v["low_s"], v["high_s"]) for v in w["verified"]}
+        if plan != inline and not beats(runs[plan], runs[inline], 0.03):
+            plan = inline  # a plan is kept over inline only when it beats it by more than the runs' noise
         assert json.dumps(w["chosen"]["schedule"], sort_keys=True) == plan
+        for v in w["verified"]:  # every measured time carries its spread, and none is negative
+            assert 0 <= v["low_s"] <= v["t_iter_s"] <= v["high_s"] and v["runs"] >= 1
         if w["workload"]["policy"] == "on_policy":
             for c in cands:
                 for path in ("ingestion", "delivery"):
@@ -97,22 +103,24 @@ def test_profile_rejects_an_unknown_policy():
 
 
 def test_the_measured_check_compares_only_two_schedules():
-    from conduit.cli.profile import _measured_line
+    from conduit.cli.profile_report import measured_line as _measured_line
 
     measured = {
-        "inline": {"t_iter_s": 0.047, "exposed_s": 0.0059},
-        "chosen": {"t_iter_s": 0.041, "exposed_s": -0.0005},
+        "inline": {"t_iter_s": 0.047, "exposed_s": 0.0059, "low_s": 0.046, "high_s": 0.049},
+        "chosen": {"t_iter_s": 0.041, "exposed_s": 0.0, "low_s": 0.040, "high_s": 0.042},
         "rounds": 3,
     }
     same = _measured_line(measured, same=True)  # the plan is inline: one schedule, nothing to compare
-    assert "%" not in same and "the plan is the inline schedule" in same and "47.000 ms" in same
+    assert "%" not in same and "the plan is the inline schedule" in same and "47.000 [46.000–49.000] ms" in same
     other = _measured_line(measured, same=False)
-    assert "(-108% exposed latency; median of 3 interleaved runs)" in other
+    assert "(-100% exposed latency; median of 3 interleaved runs)" in other and "kept" not in other
+    measured["kept"] = "inline"
+    assert "kept: inline" in _measured_line(measured, same=False)
     assert "speed moved" not in other
 
 
 def test_the_measured_check_says_when_the_machine_changed_speed_since_the_profile():
-    from conduit.cli.profile import _measured_line
+    from conduit.cli.profile_report import measured_line as _measured_line
 
     measured = {
         "inline": {"t_iter_s": 0.0607, "exposed_s": 0.005},
@@ -135,34 +143,33 @@ def test_the_check_times_rollout_and_update_alone_in_its_own_rounds():
     (w,) = json.loads(result.stdout)["workloads"]
     m = w["measured"]
     assert m["t_alone_s"] > 0 and m["rounds"] == 3
-    for name in ("inline", "chosen"):
-        assert abs(m[name]["exposed_s"] - (m[name]["t_iter_s"] - m["t_alone_s"])) < 1e-12
+    for name in ("inline", "chosen"):  # never below zero: a run faster than the costs alone is noise, not a gain
+        assert abs(m[name]["exposed_s"] - max(0.0, m[name]["t_iter_s"] - m["t_alone_s"])) < 1e-12
 
 
-def test_interleaved_medians_runs_between_after_every_round(monkeypatch):
-    from types import SimpleNamespace
-
+def test_interleaved_runs_between_after_every_round():
     from conduit.scheduling import profiler
+    from tests.profiling_fakes import FakeSource
 
     log: list[str] = []
 
-    def fake_loop(workload, schedule, iterations, warmup, pool):
+    def loop(schedule):
         log.append(schedule)
-        return SimpleNamespace(steady=0.01 * len(log))
+        return 0.01 * len(log)
 
-    monkeypatch.setattr(profiler, "run_loop", fake_loop)
-    medians = profiler.interleaved_medians(None, ["a", "b"], 3, 1, 0, pool=[], between=lambda: log.append("|"))
+    source = FakeSource(loop, lambda: (1e-3, 1e-3))
+    spreads = profiler.interleaved(source, ["a", "b"], 3, 1, 0, between=lambda: log.append("|"))
     assert log == ["a", "b", "|", "b", "a", "|", "a", "b", "|"]  # alternating order, `between` closing each round
-    assert set(medians) == {"a", "b"}
+    assert set(spreads) == {"a", "b"} and all(v.runs == 3 for v in spreads.values())
+    assert spreads["a"].low <= spreads["a"].median <= spreads["a"].high
 
 
-def test_verification_judges_each_run_against_the_costs_alone_around_it(monkeypatch):
+def test_verification_judges_each_run_against_the_costs_alone_around_it():
     """The host slows down halfway through the rounds (rollout + update alone 10 -> 15 ms), by more than the
     schedules differ: raw medians rank the slower schedule first (more of its runs fell in the slow half); runs
     judged against rollout + update timed alone right before and after them do not."""
-    from types import SimpleNamespace
-
     from conduit.scheduling import profiler
+    from tests.profiling_fakes import FakeSource
 
     excess = {"inline": 1.5, "overlap": 0.3}  # ms each schedule adds to rollout + update
     runs: list[str] = []
@@ -171,21 +178,19 @@ def test_verification_judges_each_run_against_the_costs_alone_around_it(monkeypa
     def speed(tick: int) -> float:  # one tick per run or alone timing: run k at 2k + 1, the timings around it
         return 10.0 if tick <= 10 else 15.0  # at 2k and 2k + 2
 
-    def loop(workload, schedule, iterations, warmup, pool):
+    def loop(schedule):
         runs.append(schedule)
-        return SimpleNamespace(steady=(speed(2 * len(runs) - 1) + excess[schedule]) * 1e-3)
+        return (speed(2 * len(runs) - 1) + excess[schedule]) * 1e-3
 
-    def alone(workload, repeats):
+    def alone():
         alones.append(len(runs))
         t = speed(2 * (len(alones) - 1)) * 1e-3
         return 0.2 * t, 0.8 * t
 
-    monkeypatch.setattr(profiler, "run_loop", loop)
-    monkeypatch.setattr(profiler, "standalone_costs", alone)
-    args = (None, ["inline", "overlap"], 5, 1, 0)
-    raw = profiler.interleaved_medians(*args, pool=[])
+    args = (FakeSource(loop, alone), ["inline", "overlap"], 5, 1, 0)
+    raw = {s: v.median for s, v in profiler.interleaved(*args).items()}
     assert raw["inline"] < raw["overlap"]  # 11.5 against 15.3 ms: what the slowdown makes of raw times
     runs.clear()
-    judged = profiler.interleaved_medians(*args, pool=[], bracket_repeats=3, level=0.01)
+    judged = {s: v.median for s, v in profiler.interleaved(*args, bracket_repeats=3, level=0.01).items()}
     assert alones == list(range(11))  # before the first run, then after each
     assert judged == pytest.approx({"inline": 0.0115, "overlap": 0.0103})

@@ -24,6 +24,13 @@ overstates.
 Free GPU memory comes from ``torch.cuda.mem_get_info`` before any buffer is
 allocated.
 
+Delivery onto each GPU is also measured the way the runtime runs it
+(``gpu_gather``, ``host_deliver_to_gpu``, ``pinned_deliver_to_gpu``): a training
+batch of ``DELIVERY_BATCH`` random rows gathered by the real storage class
+(:class:`~conduit.storage.TensorStorage`) out of a ring on the GPU, in pageable
+and in pinned host memory, onto the GPU, synchronized. Raw copy rates overstate
+such a pull by a factor that depends on the path, and Alg. 1 compares paths.
+
 Without CUDA the topology has one node with pageable host memory only: pinned
 memory needs a CUDA device in torch, so it is recorded as absent (a note says
 why). The default profile then takes well under a second (after importing torch).
@@ -49,6 +56,8 @@ __all__ = ["GATHER_ROW_BYTES", "RING_COPIES", "cap_pageable", "host_available_by
 GATHER_ROW_BYTES = 8 << 10
 #: the host ring the copies and gathers run over, in multiples of ``nbytes``
 RING_COPIES = 4
+#: rows in the training batch a delivery measurement gathers (the profile's default off-policy batch)
+DELIVERY_BATCH = 512
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +181,11 @@ def profile_topology(
                 "host memcpy, since each is a host memcpy into the driver's staging memory plus a DMA"
             )
         node_data.update(tables)
+        node_data.update(_profile_deliveries(torch, timer, ordinals))
+        notes.append(
+            f"delivery onto each GPU as the runtime runs it: {DELIVERY_BATCH} random {GATHER_ROW_BYTES // 1024} KiB "
+            "rows gathered by the storage class out of a GPU, a pageable and a pinned ring"
+        )
         node_data["pinned_memory_bytes"] = max(1, int(host_memory * pinned_fraction))
         notes.append(f"pinned host memory: {pinned_fraction:.0%} of available host memory (a policy)")
         if not peer and len(ordinals) > 1:
@@ -207,6 +221,40 @@ def _profile_host(torch: Any, timer: _Timer, src: Any, pinned: bool) -> tuple[fl
 
     gathered = timer.bandwidth(gather, lambda: None) * (batch * GATHER_ROW_BYTES) / n
     return memcpy, gathered
+
+
+def _profile_deliveries(torch: Any, timer: _Timer, ordinals: list[int]) -> dict[str, list[float]]:
+    """``gpu_gather``, ``host_deliver_to_gpu``, ``pinned_deliver_to_gpu`` per GPU: a training batch out of a ring
+    by the runtime's storage class, onto that GPU (bytes of the batch per second)."""
+    from conduit.spec import ExperienceSpec
+    from conduit.storage import TensorStorage
+
+    cols = GATHER_ROW_BYTES // 4
+    spec = ExperienceSpec.of(obs=((cols,), "float32"))
+    rows = max(DELIVERY_BATCH * 4, min(-(-RING_COPIES * timer.nbytes // GATHER_ROW_BYTES), 1 << 16))
+    batch_bytes = DELIVERY_BATCH * GATHER_ROW_BYTES
+    gen = torch.Generator().manual_seed(0)
+    out: dict[str, list[float]] = {"gpu_gather": [], "host_deliver_to_gpu": [], "pinned_deliver_to_gpu": []}
+    for g in ordinals:
+        target = torch.device(f"cuda:{g}")
+        for key, where in (("gpu_gather", f"cuda:{g}"), ("host_deliver_to_gpu", "cpu"),
+                           ("pinned_deliver_to_gpu", "pinned")):
+            storage = TensorStorage(spec, rows, where)
+            try:
+                storage.write(0, {"obs": torch.ones(rows, cols)})
+
+                def pull(storage: Any = storage, target: Any = target) -> None:
+                    idx = torch.randint(0, rows, (DELIVERY_BATCH,), generator=gen)
+                    storage.gather(idx, target)
+
+                def sync(g: int = g) -> None:
+                    torch.cuda.synchronize(g)
+
+                out[key].append(timer.bandwidth(pull, sync) * batch_bytes / timer.nbytes)
+            finally:
+                storage.close()
+        torch.cuda.empty_cache()
+    return out
 
 
 def cap_pageable(tables: dict[str, Any], host_memcpy: float) -> list[str]:

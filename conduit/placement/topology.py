@@ -49,7 +49,10 @@ PositiveFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 PositiveInt = Annotated[int, Field(gt=0)]
 
 _ID_RE = re.compile(r"^(?:node(\d+)/)?(cpu|pinned|cuda:(\d+))$")
-_GPU_VECTORS = ("gpu_memory_bytes", "gpu_local", "host_to_gpu", "gpu_to_host", "pinned_to_gpu", "gpu_to_pinned")
+_GPU_VECTORS = (
+    "gpu_memory_bytes", "gpu_local", "host_to_gpu", "gpu_to_host", "pinned_to_gpu", "gpu_to_pinned", "gpu_gather",
+    "host_deliver_to_gpu", "pinned_deliver_to_gpu",
+)
 
 
 class _Model(BaseModel):
@@ -134,6 +137,13 @@ class Node(_Model):
     """GPU -> pinned host, per GPU."""
     gpu_to_gpu: tuple[tuple[float, ...], ...] = ()
     """Peer copies, ``[src][dst]``; the diagonal is 0 (a GPU to itself is ``gpu_local``)."""
+    gpu_gather: tuple[PositiveFloat, ...] | None = None
+    """Delivery as the runtime runs it, per GPU: a training batch of random rows gathered out of a ring on that
+    GPU by the real storage class, bytes per second (``None``: ``gpu_local``, a copy rate)."""
+    host_deliver_to_gpu: tuple[PositiveFloat, ...] | None = None
+    """The same out of a pageable host ring onto that GPU (CPU gather, staging, copy: the whole pull)."""
+    pinned_deliver_to_gpu: tuple[PositiveFloat, ...] | None = None
+    """The same out of a pinned host ring onto that GPU."""
 
     @model_validator(mode="before")
     @classmethod
@@ -177,6 +187,12 @@ class Node(_Model):
                 )
             if value is not None and len(value) != g:
                 raise ValueError(f"{name}: expected {g} values (one per GPU), received {len(value)}")
+        for name in ("gpu_gather", "host_deliver_to_gpu", "pinned_deliver_to_gpu"):
+            value = getattr(self, name)
+            if value is not None and len(value) != g:
+                raise ValueError(f"{name}: expected {g} values (one per GPU), received {len(value)}")
+        if self.pinned_deliver_to_gpu is not None and not has_pinned:
+            raise ValueError("pinned_deliver_to_gpu: expected None (pinned_memory_bytes is None: no pinned memory)")
         rows = self.gpu_to_gpu
         if len(rows) != g or any(len(r) != g for r in rows):
             shape = f"{len(rows)} rows of lengths {[len(r) for r in rows]}"
@@ -299,16 +315,26 @@ class Topology(_Model):
     def deliver_bandwidth(self, src: str, dst: str) -> float:
         """Effective bytes/s of delivering sampled rows of a buffer on ``src`` to a learner on ``dst``.
 
-        A copy (:meth:`bandwidth`) unless the rows are in host memory of a node that measured
-        ``host_gather``: the runtime gathers them on the CPU (into pinned staging when the learner is on a
-        GPU) and then copies the batch, one after the other, so the two times add: ``1 / (1 / host_gather +
-        1 / copy)``, the copy being the pinned one to a GPU and none to the host. Sampled rows are scattered
-        over the ring, which a contiguous copy of the same bytes does not capture: a gather from a pinned ring
-        onto the GPU runs well below the pinned->GPU copy rate, so Eq. 1 over the copy rates alone would place
-        the buffer in pinned memory where a GPU-resident one is faster (BENCHMARKS.md, "The cost model").
+        Where the node measured delivery the way the runtime runs it (``gpu_gather``, ``host_deliver_to_gpu``,
+        ``pinned_deliver_to_gpu``: a training batch gathered by the real storage class onto the learner's
+        GPU), that rate: raw copy rates overstate a pull of scattered rows, and by how much depends on the
+        path, so Eq. 1 over copy rates placed a GPU learner's buffer in host memory where a GPU-resident one
+        measured faster (issue #34). Otherwise a copy (:meth:`bandwidth`), unless the rows are in host memory
+        of a node that measured ``host_gather``: the runtime gathers them on the CPU (into pinned staging when
+        the learner is on a GPU) and then copies the batch, one after the other, so the two times add:
+        ``1 / (1 / host_gather + 1 / copy)``, the copy being the pinned one to a GPU and none to the host.
         """
         s, d = self.device(src), self.device(dst)
         node = self.nodes[s.node]
+        if s.node == d.node and d.kind is DeviceKind.GPU:
+            assert d.ordinal is not None
+            measured = {
+                DeviceKind.GPU: node.gpu_gather if s.ordinal == d.ordinal else None,
+                DeviceKind.CPU: node.host_deliver_to_gpu,
+                DeviceKind.PINNED: node.pinned_deliver_to_gpu,
+            }.get(s.kind)
+            if measured is not None:
+                return measured[d.ordinal]
         if s.kind is DeviceKind.GPU or s.node != d.node or node.host_gather is None:
             return self.bandwidth(src, dst)
         if d.kind is not DeviceKind.GPU:

@@ -34,9 +34,14 @@ the last mini-batch of an iteration on-policy), in the caller's thread:
    and the plan is the finest of those measured within the margin of the fastest, then
    inline, then the model's pick (``profiler.settle``): the model prunes dozens
    of candidates, measurement settles the few within its error.
+   The inline schedule was measured as the all-inline probe: the plan must beat
+   it by more than the noise of the two measurements (the spread of their
+   periods; :func:`~conduit.scheduling.noise.beats`), or the plan is inline.
 4. **run** — the runtime is rescheduled to the plan. The planner re-plans when the buffer migrated (the per-sample
    size changed) or the measured iteration time drifts from the prediction by
-   more than ``drift`` over a whole window.
+   more than ``drift`` over a whole window; while it re-observes, the runtime
+   runs inline (the gain it planned for may have gone with the drift), and the
+   new plan must beat inline again.
 
 Designed for one training loop driving the runtime (one actor and one learner
 thread); with several, drive ``Conduit.reschedule`` from a profile instead.
@@ -53,11 +58,12 @@ from typing import Any
 
 import torch
 
-from conduit.core import Policy, Schedule, feasible_schedules
+from conduit.core import INLINE, Policy, Schedule, feasible_schedules
 from conduit.runtime import Conduit
 from conduit.scheduling.fit import fit_sync, probe_schedules, settle, shortlist
 from conduit.scheduling.measure import MeasureSettings, measure_delivery, measure_ingestion
 from conduit.scheduling.model import Costs, Prediction, rank
+from conduit.scheduling.noise import Spread
 from conduit.scheduling.steady import period, steady_time
 from conduit.storage.policy import FixedStorage
 
@@ -131,6 +137,8 @@ class AutoPlanner:
         self._ranked: list[Prediction] = []
         self._verify_queue: list[Schedule] = []
         self.verified: dict[Schedule, float] = {}
+        #: each schedule run live (probes and verification): its time per iteration, and the range over its periods
+        self.spreads: dict[Schedule, Spread] = {}
         self._migrations = 0
         runtime.observers.append(self)
 
@@ -178,6 +186,7 @@ class AutoPlanner:
             self._profile()
         elif self.phase is Phase.PROBE and self._probe_done():
             self._measured[self._probe_queue[0]] = self._probe_time()
+            self.spreads[self._probes[self._probe_queue[0]]] = self._probe_spread()
             self._probe_queue.pop(0)
             self._probe_times = []
             if self._probe_queue:
@@ -185,6 +194,7 @@ class AutoPlanner:
             else:
                 self._rank()
         elif self.phase is Phase.VERIFY and self._probe_done():
+            self.spreads[self._verify_queue[0]] = self._probe_spread()
             self.verified[self._verify_queue.pop(0)] = self._probe_time()
             self._probe_times = []
             if self._verify_queue:
@@ -217,6 +227,7 @@ class AutoPlanner:
         self._probes = probe_schedules(cfg.policy, cfg.num_minibatches, coarsest)
         self._probe_queue = list(self._probes)
         self._measured = {}
+        self.spreads = {}
         self._probe_times = []
         self.phase = Phase.PROBE
         self.rt.reschedule(self._probes[self._probe_queue[0]])
@@ -242,7 +253,7 @@ class AutoPlanner:
 
     def _choose(self) -> None:
         assert self.costs is not None
-        self.prediction = settle(self._ranked, self.verified)
+        self.prediction = settle(self._ranked, self.judged, margin=0.03, spreads=self.spreads)
         self.rt.reschedule(self.prediction.schedule)
         self.history.append(PlanEvent(self.iteration, "planned", self.prediction.schedule, self.prediction, self.costs))
         p = self.prediction
@@ -264,9 +275,17 @@ class AutoPlanner:
                 f"{self.prediction.t_iter * 1e3:.3f} ms"
             )
 
+    @property
+    def judged(self) -> dict[Schedule, float]:
+        """What the plan is settled on: the verified shortlist and, measured as the all-inline probe, inline."""
+        inline = {INLINE: self._measured["base"]} if "base" in self._measured else {}
+        return {**inline, **self.verified}
+
     def _replan(self, reason: str) -> None:
         log.info("conduit: re-planning: %s", reason)
         self.history.append(PlanEvent(self.iteration, reason, self.rt.schedule))
+        if self.rt.schedule != INLINE:
+            self.rt.reschedule(INLINE)  # until a new plan beats inline again
         self._win = _Window()
         self._pool = []
         self._recent.clear()
@@ -286,6 +305,12 @@ class AutoPlanner:
     def _probe_time(self) -> float:
         """The running schedule's time per iteration over the probe (whole periods; see ``steady``)."""
         return steady_time(self._probe_times[self._PROBE_SKIP :], self._period())
+
+    def _probe_spread(self) -> Spread:
+        """The probe's time per iteration, with the range of its periods' times per iteration."""
+        times, p = self._probe_times[self._PROBE_SKIP :], self._period()
+        per_period = [sum(times[i : i + p]) / p for i in range(0, len(times) - p + 1, p)] or [self._probe_time()]
+        return Spread(self._probe_time(), min(per_period), max(per_period), len(per_period))
 
     def _buffer_migrations(self) -> int:
         buf = self.rt.buffer

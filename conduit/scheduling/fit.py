@@ -15,8 +15,9 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
-from conduit.core import Mode, Policy, Schedule, delivery_space, feasible_schedules, ingestion_space
+from conduit.core import INLINE, Mode, Policy, Schedule, delivery_space, feasible_schedules, ingestion_space
 from conduit.scheduling.model import Costs, Prediction, coarseness, predict
+from conduit.scheduling.noise import Spread, beats
 
 __all__ = ["fit_sync", "probe_schedules", "settle", "shortlist"]
 
@@ -79,14 +80,19 @@ def fit_sync(costs: Costs, measured: dict[str, float], probes: dict[str, Schedul
     both points where both parts come out non-negative (see :func:`_fit_line`).
     Every probed granularity's excess (``path``, ``path_coarse`` and, with
     ``probe_schedules(every=True)``, ``path@g``) is also kept as measured
-    (``Costs.s_ing`` / ``s_del``, floored at 0): the line serves only the
-    granularities left unprobed.
+    (``Costs.s_ing`` / ``s_del``): the line serves only the granularities left unprobed.
+
+    Every fitted cost is physically meaningful: ``t_other`` and each overlap
+    cost at least 0 (a negative one is a probe's noise, not a speed-up the
+    model could bank on), and an overlap costs at most the work it overlaps
+    (:meth:`~conduit.scheduling.model.Costs.overlap_cap`; ``S_both`` at most the
+    smaller path's).
     """
     bare = replace(
         costs, t_other=0.0, t_sync_ing=0.0, t_sync_del=0.0, t_sync0_ing=0.0, t_sync0_del=0.0, s_ing={}, s_del={},
         s_both=0.0,
     )
-    base = replace(bare, t_other=measured["base"] - predict(bare, probes["base"]).t_iter)
+    base = replace(bare, t_other=max(0.0, measured["base"] - predict(bare, probes["base"]).t_iter))
     # what each overlapped probe measured beyond the model without overlap costs
     excess = {name: measured[name] - predict(base, s).t_iter for name, s in probes.items() if name in measured}
     fitted: dict[str, Any] = {}
@@ -98,17 +104,20 @@ def fit_sync(costs: Costs, measured: dict[str, float], probes: dict[str, Schedul
         invocations = base.ingestion_invocations if path == "ingestion" else base.delivery_invocations
         points = [(invocations(g_of(name)), excess[name]) for name in (path, f"{path}_coarse") if name in excess]
         if len(points) == 1 or (len(points) == 2 and points[0][0] == points[1][0]):
-            fitted[f"t_sync_{field_}"] = points[0][1] / points[0][0]
+            fitted[f"t_sync_{field_}"] = max(0.0, points[0][1] / points[0][0])
         elif len(points) == 2:
             fitted[f"t_sync_{field_}"], fitted[f"t_sync0_{field_}"] = _fit_line(points)
         fitted[f"s_{field_}"] = {
-            g_of(name): max(0.0, e)
+            g_of(name): min(max(0.0, e), base.overlap_cap(path, g_of(name)))
             for name, e in excess.items()
             if name in (path, f"{path}_coarse") or name.startswith(f"{path}@")
         }
     single = replace(base, **fitted)
     if "both" in measured and "both" in probes:
-        fitted["s_both"] = measured["both"] - predict(single, probes["both"]).t_iter
+        both = probes["both"]
+        cap = min(single.overlap_cap("ingestion", both.ingestion.granularity),
+                  single.overlap_cap("delivery", both.delivery.granularity))
+        fitted["s_both"] = min(max(0.0, measured["both"] - predict(single, both).t_iter), cap)
     return replace(single, **fitted)
 
 
@@ -128,10 +137,15 @@ def _fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     slope = (n1 * e1 + n2 * e2) / (n1 * n1 + n2 * n2)
     if a < 0 and slope >= 0:
         return slope, 0.0
-    return 0.0, (e1 + e2) / 2
+    return 0.0, max(0.0, (e1 + e2) / 2)
 
 
-def settle(ranked: Sequence[Prediction], verified: Mapping[Schedule, float], margin: float = 0.03) -> Prediction:
+def settle(
+    ranked: Sequence[Prediction],
+    verified: Mapping[Schedule, float],
+    margin: float = 0.03,
+    spreads: Mapping[Schedule, Spread] | None = None,
+) -> Prediction:
     """The plan from the model's ranking and the shortlist's measurements (pure; ``ranked`` best first).
 
     Schedules measured within ``margin`` of the fastest measured are ties — a
@@ -143,6 +157,10 @@ def settle(ranked: Sequence[Prediction], verified: Mapping[Schedule, float], mar
     ``margin``), then the model's order, which knows what overlapping each path
     costs. The model alone is blind to overlap costs that vary with ``g`` below
     its probes' noise, so on a tie it must not choose a coarser granularity.
+
+    Where the inline schedule was measured, the plan must also beat it by more
+    than the noise (:func:`~conduit.scheduling.noise.beats`: ``margin``, or the
+    runs' own ``spreads`` where they are wider); otherwise the plan is inline.
     """
     if not verified:
         return ranked[0]
@@ -155,7 +173,17 @@ def settle(ranked: Sequence[Prediction], verified: Mapping[Schedule, float], mar
     def order(p: Prediction) -> tuple[Fraction, bool]:
         return coarseness(p.schedule), p.schedule.ingestion.overlap or p.schedule.delivery.overlap
 
-    return min(tied, key=order)  # min keeps the first of equals: the model's order
+    plan = min(tied, key=order)  # min keeps the first of equals: the model's order
+    if INLINE not in verified or plan.schedule == INLINE:
+        return plan
+    spreads = spreads or {}
+
+    def spread(s: Schedule) -> Spread:
+        return spreads.get(s) or Spread(verified[s], verified[s], verified[s])
+
+    if beats(spread(plan.schedule), spread(INLINE), margin):
+        return plan
+    return next(p for p in ranked if p.schedule == INLINE)
 
 
 def shortlist(ranked: Sequence[Prediction], top: int, families: bool = True) -> list[Schedule]:

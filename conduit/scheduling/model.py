@@ -63,7 +63,7 @@ class Costs:
             probed granularity; where present it replaces the line
             ``T_sync0 + n(g)·T_sync`` (costs on a busy CPU are not linear in ``g``).
         s_both: the per-iteration cost of overlapping both paths beyond the sum of
-            overlapping each alone (signed: measured, not assumed).
+            overlapping each alone (fitted between 0 and the smaller path's overlap cap).
         t_other: per-iteration time outside every term (the loop's own bookkeeping);
             the same for every schedule, so it never changes the choice.
         units_per_iteration: on-policy rollout units per iteration (``U``).
@@ -107,17 +107,22 @@ class Costs:
     def per_iteration_del(self, g: Fraction) -> float:
         return self.t_del[g] * self.delivery_invocations(g)
 
+    def overlap_cap(self, path: str, g: Fraction) -> float:
+        """The most overlapping ``path`` (``"ingestion"`` or ``"delivery"``) at ``g`` can cost per iteration: the
+        work it overlaps, the path's own and its neighbour's (rollout or update) run one after the other."""
+        if path == "ingestion":
+            return self.t_rollout + self.per_iteration_ing(g)
+        return self.t_update + self.per_iteration_del(g)
+
     def sync_ing(self, g: Fraction) -> float:
-        """Per-iteration cost of overlapping ingestion at ``g``."""
-        if g in self.s_ing:
-            return self.s_ing[g]
-        return self.t_sync0_ing + self.t_sync_ing * self.ingestion_invocations(g)
+        """Per-iteration cost of overlapping ingestion at ``g`` (between 0 and :meth:`overlap_cap`)."""
+        s = self.s_ing[g] if g in self.s_ing else self.t_sync0_ing + self.t_sync_ing * self.ingestion_invocations(g)
+        return min(max(0.0, s), self.overlap_cap("ingestion", g))
 
     def sync_del(self, g: Fraction) -> float:
-        """Per-iteration cost of overlapping delivery at ``g``."""
-        if g in self.s_del:
-            return self.s_del[g]
-        return self.t_sync0_del + self.t_sync_del * self.delivery_invocations(g)
+        """Per-iteration cost of overlapping delivery at ``g`` (between 0 and :meth:`overlap_cap`)."""
+        s = self.s_del[g] if g in self.s_del else self.t_sync0_del + self.t_sync_del * self.delivery_invocations(g)
+        return min(max(0.0, s), self.overlap_cap("delivery", g))
 
 
 @dataclass(frozen=True, order=True)

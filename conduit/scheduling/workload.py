@@ -33,7 +33,6 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -41,6 +40,7 @@ import torch
 from conduit.config import ConduitConfig
 from conduit.core import Policy, Schedule
 from conduit.runtime import Conduit
+from conduit.scheduling.kinds import DRIFT, CostKind
 from conduit.scheduling.steady import period, steady_time
 from conduit.spec import ExperienceSpec
 
@@ -56,16 +56,6 @@ __all__ = [
 ]
 
 K = TypeVar("K")
-
-#: how far a burn measured alone may move — from its target, or between two measurements — before a report says
-#: the machine's speed moved (a quiet host's jitter stays within it; a busy host's speed changes do not)
-DRIFT = 0.15
-
-
-class CostKind(str, Enum):
-    COMPUTE = "compute"
-    SLEEP = "sleep"
-
 
 class Burner:
     """Spends a calibrated number of milliseconds of torch compute (or sleeps).

@@ -18,6 +18,9 @@ What ``enable_conduit`` switches on:
   the buffer's prepared tensors instead of rebuilding them from episodes.
 - PPO: the learner prepares mini-batch k+1 while k trains (same mini-batches).
 - Checkpoints include the buffer (RLlib's new stack leaves it out).
+- RLlib's replay-buffer metrics equal stock RLlib's at every iteration's end
+  (exact mode; the bounded mode's differences are listed in :mod:`.buffer`).
+- :func:`stats` reads Conduit's counters of an algorithm (buffer, runtime, every learner).
 
 Importing this package imports Ray; ``import conduit`` never does.
 """
@@ -40,6 +43,7 @@ from .options import ConduitRLlibOptions, Staleness
 from .pipeline import PipelinedMinibatches, PipelineStats
 from .profiling import ExperiencePathTimer, measure_iterations, summary_table
 from .quiet import quiet_ray_startup
+from .stats import ConduitStats, LearnerStats, stats
 
 __all__ = [
     "BUFFER_COMPONENT",
@@ -55,7 +59,9 @@ __all__ = [
     "ConduitRLlibOptions",
     "ConduitSAC",
     "ConduitSACTorchLearner",
+    "ConduitStats",
     "ExperiencePathTimer",
+    "LearnerStats",
     "PipelineStats",
     "PipelinedMinibatches",
     "PreparedBatch",
@@ -65,5 +71,6 @@ __all__ = [
     "install_conduit_buffer",
     "measure_iterations",
     "quiet_ray_startup",
+    "stats",
     "summary_table",
 ]

@@ -17,22 +17,35 @@ Conduit buffer there:
 Both read the buffer's options from ``replay_buffer_config["conduit"]`` and
 refresh batch size, ``n_step``, ``gamma``, seed and learner device from the
 algorithm's final config.
+
+RLlib's replay-buffer metrics: the Conduit buffer records them per call for a
+few integer additions (:mod:`.buffer_report`); the expensive part — turning them
+into RLlib's stats and aggregating them into ``REPLAY_BUFFER_RESULTS`` — runs in
+:class:`ConduitAlgorithm`: at the end of a ``training_step`` at most every
+``METRICS_INTERVAL_S`` seconds, and always when the algorithm reduces its
+metrics (``Algorithm._run_one_training_iteration`` compiles them once, at the
+iteration's end), so every value equals stock RLlib's at every iteration's end.
+A buffer swapped in by :func:`install_conduit_buffer` under another algorithm
+class reports on each ``get_metrics()`` instead (exact too, at stock RLlib's cost).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import torch
 from ray.rllib.algorithms.dqn import DQN
 from ray.rllib.algorithms.sac import SAC
+from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from ._compat import log
 from .buffer import ConduitEpisodeReplayBuffer, ConduitPrioritizedEpisodeReplayBuffer, _ConduitReplay
 from .learners import ConduitOffPolicyLearner
 
-__all__ = ["BUFFER_COMPONENT", "ConduitAlgorithm", "ConduitDQN", "ConduitSAC", "install_conduit_buffer",
-           "make_conduit_buffer"]
+__all__ = ["BUFFER_COMPONENT", "ConduitAlgorithm", "ConduitDQN", "ConduitSAC", "IterationMetricsLogger",
+           "install_conduit_buffer", "make_conduit_buffer"]
 
 #: The key of the replay buffer's state in ``Algorithm.get_state()``.
 BUFFER_COMPONENT = "conduit_replay_buffer"
@@ -86,8 +99,52 @@ def install_conduit_buffer(*, algorithm: Any, metrics_logger: Any = None, **kwar
     log.info("conduit: swapped in %s for %s", type(algorithm.local_replay_buffer).__name__, type(algorithm).__name__)
 
 
+class IterationMetricsLogger(MetricsLogger):
+    """The algorithm's root ``MetricsLogger``, running ``before_reduce`` first on every ``reduce()``
+    (``compile()`` reduces too), so metrics held back for speed land in the iteration they belong to."""
+
+    def __init__(self, *, before_reduce: Callable[[], object] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.before_reduce = before_reduce
+
+    def reduce(self, compile: bool = False) -> dict:
+        if self.before_reduce is not None:
+            self.before_reduce()
+        return super().reduce(compile=compile)
+
+
 class ConduitAlgorithm:
-    """Mixin (before the RLlib algorithm class): a Conduit buffer that survives checkpoints."""
+    """Mixin (before the RLlib algorithm class): a Conduit buffer that survives checkpoints and
+    reports RLlib's replay-buffer metrics exactly at every iteration's end."""
+
+    #: seconds between two flushes of the buffer's metrics within an iteration (the iteration's
+    #: end always flushes)
+    METRICS_INTERVAL_S: ClassVar[float] = 0.5
+
+    def setup(self, config: Any) -> None:
+        # `Algorithm.__init__` has just built `self.metrics`; nothing holds it yet
+        self.metrics = IterationMetricsLogger(
+            root=True, stats_cls_lookup=self.metrics.stats_cls_lookup, before_reduce=self.flush_buffer_metrics
+        )
+        self._metrics_flushed_at = time.monotonic()
+        super().setup(config)  # type: ignore[misc]
+        buffer = getattr(self, "local_replay_buffer", None)
+        if isinstance(buffer, _ConduitReplay):
+            buffer.defer_metrics = True
+
+    def training_step(self) -> None:
+        super().training_step()  # type: ignore[misc]
+        if time.monotonic() - self._metrics_flushed_at >= self.METRICS_INTERVAL_S:
+            self.flush_buffer_metrics()
+
+    def flush_buffer_metrics(self) -> int:
+        """Aggregate the Conduit buffer's pending RLlib metrics into ``self.metrics`` now; returns
+        how many of RLlib's reduce cycles were flushed."""
+        self._metrics_flushed_at = time.monotonic()
+        buffer = getattr(self, "local_replay_buffer", None)
+        if isinstance(buffer, _ConduitReplay) and buffer.defer_metrics:
+            return buffer.flush_metrics(self.metrics)
+        return 0
 
     def _create_local_replay_buffer_if_necessary(self, config: Any) -> Any:
         if _wants_conduit(config) and not config.replay_buffer_config.get("no_local_replay_buffer"):

@@ -12,6 +12,17 @@ one of two stores (see :class:`~.options.Staleness`): :class:`~.exact_store.Exac
 (RLlib's semantics bit for bit) or :class:`~.bounded_store.BoundedStore`
 (Conduit's runtime, prefetching delivery).
 
+RLlib's metrics (``get_metrics``, see :mod:`.buffer_report`): the exact mode reports every key
+RLlib's buffer reports, with RLlib's values. The bounded mode reports the same keys but
+``num_episodes_per_sample`` (and its per-agent / per-module keys: ring rows carry no
+episode id); its counts of what was added (env steps, episodes) and sampled (env
+steps; resamples are 0) are exact. What differs follows from its storage: the
+ring evicts rows first-in first-out, not whole episodes, so the evicted and stored
+counts differ; rows are n-step-folded transitions, so with ``n_step > 1`` the
+steps added trail the env steps by up to ``n - 1`` per open episode and an
+episode's last ``n - 1`` steps are never added; the per-sample distinct env steps
+count distinct rows of a batch drawn from those rows.
+
 Thread safety: RLlib's buffers are not thread-safe; here every public call takes
 one lock, so the buffer is the single owner of its store, and the store's own
 worker threads only touch the core runtime's (thread-safe) ring.
@@ -35,6 +46,7 @@ from ray.rllib.utils import force_list
 from ray.rllib.utils.replay_buffers import EpisodeReplayBuffer, PrioritizedEpisodeReplayBuffer
 
 from conduit.errors import ConfigError, SemanticsError
+from conduit.stats import RuntimeStats
 
 from .bounded_store import BoundedStore, Handle
 from .buffer_report import BufferReport, ConduitBufferStats
@@ -61,8 +73,6 @@ class _ConduitReplay:
 
     _prioritized: ClassVar[bool] = False
     _MAX_HANDED = 64
-    #: seconds between two reductions of RLlib's metrics logger (0: reduce on every ``get_metrics``)
-    METRICS_INTERVAL_S: ClassVar[float] = 0.5
 
     def __init__(
         self,
@@ -108,7 +118,9 @@ class _ConduitReplay:
         self._spaces: tuple[Any, Any] = (None, None)
         self._episodes_added = 0
         self.stats = ConduitBufferStats()
-        self._report = BufferReport(self.METRICS_INTERVAL_S)
+        self._report = BufferReport(metrics_num_episodes_for_smoothing)
+        #: True: ``get_metrics()`` only marks RLlib's reduce point; the owner calls ``flush_metrics``
+        self.defer_metrics = False
 
     # -- RLlib's `rng` attribute (users set it for reproducibility) ------------------------
     @property
@@ -146,7 +158,7 @@ class _ConduitReplay:
             self._episodes_added += new_eps
             self.stats.adds += 1
             self.stats.added_timesteps += steps
-            self._report.added(steps, new_eps, ev_steps, ev_eps)
+            self._report.added(steps, new_eps, ev_steps, ev_eps, self.get_num_episodes(), self.get_num_timesteps())
 
     # -- sample --------------------------------------------------------------------------
     def sample(
@@ -178,13 +190,16 @@ class _ConduitReplay:
                 draw = store.sample(size, n_step, gamma, beta)
                 batch = self._prepare_exact(draw)
                 handed = _Handed(batch.size, exact=(draw.slots, draw.gens))
-                n_mean, resamples = float(draw.n_step.mean()), draw.resamples
+                # RLlib counts distinct episodes and distinct (episode, t) — a node holds one (episode, t)
+                self._report.sampled(size, draw.episodes, len(np.unique(draw.slots)), int(draw.n_step.sum()),
+                                     draw.resamples)
                 self.stats.inline_samples += 1
             else:
                 self._check_fold(n_step, gamma)
                 batch, handle = store.sample(size, beta)
                 handed = _Handed(batch.size, bounded=handle)
-                n_mean, resamples = float(store.folder.n), 0
+                # rows carry no episode id: distinct episodes per sample is not reported in this mode
+                self._report.sampled(size, None, len(np.unique(handle.ids)), store.folder.n * size, 0)
                 self.stats.prefetched_samples += int(handle.prefetched)
                 self.stats.inline_samples += int(not handle.prefetched)
                 self.stats.staleness_sum += handle.staleness
@@ -193,7 +208,6 @@ class _ConduitReplay:
             batch.batch_id = self._hand_out(handed)
             self.stats.samples += 1
             self.stats.sampled_timesteps += batch.size
-            self._report.sampled(batch.size, n_mean, resamples)
 
         def build(b: PreparedBatch) -> list[SingleAgentEpisode]:
             self.stats.materialized_batches += 1
@@ -325,13 +339,33 @@ class _ConduitReplay:
 
     # -- metrics ------------------------------------------------------------------------------
     def get_metrics(self) -> dict[str, Any]:
-        """RLlib's replay-buffer metrics (a smaller set, reduced at most every ``METRICS_INTERVAL_S``;
-        in between ``{}``, and the counts carry over to the next report)."""
+        """RLlib's replay-buffer metrics since the last call, reduced as RLlib's buffer reduces them.
+
+        With :attr:`defer_metrics` set (``ConduitAlgorithm`` sets it), this only marks RLlib's reduce
+        point and returns ``{}``; the algorithm then calls :meth:`flush_metrics`, throttled, and
+        always before it compiles an iteration's results, so the values are RLlib's at every
+        iteration's end.
+        """
         with self._lock:
-            return self._report.report(
-                self.metrics, self._metrics_num_episodes_for_smoothing, self.get_num_episodes(),
-                self.get_num_timesteps(), self.stats,
-            )
+            self._report.close_cycle()
+            if self.defer_metrics:
+                return {}
+            return self._report.reduced(self.metrics.stats_cls_lookup, self.stats)
+
+    def flush_metrics(self, logger: Any) -> int:
+        """Aggregate the metrics of every finished cycle into ``logger`` (the algorithm's), under
+        ``REPLAY_BUFFER_RESULTS`` as RLlib's DQN does; returns how many cycles were flushed."""
+        with self._lock:
+            return self._report.flush(logger, self.metrics.stats_cls_lookup, self.stats)
+
+    def runtime_stats(self) -> RuntimeStats | None:
+        """The bounded mode's :class:`conduit.Conduit` runtime counters (None in exact mode or before
+        the first ``sample()`` started the runtime)."""
+        with self._lock:
+            store = self._store
+            if isinstance(store, BoundedStore) and store.edp is not None:
+                return store.edp.stats()
+            return None
 
     def conduit_stats(self) -> dict[str, int]:
         with self._lock:

@@ -5,6 +5,7 @@ One local Ray session, tiny networks, a few short iterations each.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import numpy as np
@@ -22,8 +23,10 @@ from conduit.integrations.rllib import (
     ConduitSACTorchLearner,
     SampledEpisodes,
     enable_conduit,
+    stats,
 )
 from ray.rllib.algorithms.ppo.torch.ppo_torch_learner import PPOTorchLearner
+from ray.rllib.utils.metrics import REPLAY_BUFFER_RESULTS
 
 from conduit.errors import ConfigError
 
@@ -210,3 +213,104 @@ def test_enable_conduit_validates_what_it_is_given():
     assert config.replay_buffer_config["type"] == "PrioritizedEpisodeReplayBuffer"
     assert {"capacity", "alpha", "beta", "conduit"} <= set(config.replay_buffer_config)
     config.validate()  # SAC accepts only stock type names: the swap happens at build time
+
+
+# -- RLlib's replay-buffer metrics -------------------------------------------------------------
+
+ADDED_AND_SAMPLED = ("num_env_steps_added_lifetime", "num_episodes_added_lifetime", "num_env_steps_sampled_lifetime",
+                     "num_agent_steps_added_lifetime/default_agent", "num_module_steps_sampled_lifetime/default_policy")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}/"))
+        elif not k.startswith("conduit_"):  # Conduit's own counters, next to RLlib's
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _buffer_metrics(config, iterations: int = 3) -> list[dict]:
+    """``replay_buffer/*`` of every iteration's result."""
+    algo = config.build_algo()
+    try:
+        return [_flat(algo.train()[REPLAY_BUFFER_RESULTS]) for _ in range(iterations)]
+    finally:
+        algo.stop()
+
+
+def _small_dqn():
+    # capacity 128: episodes are evicted from the second iteration on
+    return tiny_dqn(seed=3).training(replay_buffer_config={"capacity": 128})
+
+
+@pytest.fixture(scope="module")
+def stock_dqn_metrics() -> list[dict]:
+    return _buffer_metrics(_small_dqn().callbacks(on_algorithm_init=_seed_stock_buffer))
+
+
+def _same(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def test_exact_mode_dqn_replay_buffer_metrics_equal_rllib_at_every_iteration(stock_dqn_metrics):
+    ours = _buffer_metrics(enable_conduit(_small_dqn(), staleness="exact", seed=11))
+    assert len(ours) == len(stock_dqn_metrics) == 3
+    assert stock_dqn_metrics[-1]["num_env_steps_evicted_lifetime"] > 0
+    for it, (want, got) in enumerate(zip(stock_dqn_metrics, ours, strict=True)):
+        assert sum(k.endswith("_lifetime") or "_lifetime/" in k for k in want) >= 18  # RLlib 2.60: 18
+        assert set(got) == set(want), f"iteration {it}"
+        diff = {k: (want[k], got[k]) for k in want if not _same(float(want[k]), float(got[k]))}
+        assert diff == {}, f"iteration {it}: (stock, conduit) differ"
+
+
+def test_bounded_mode_dqn_counts_what_was_added_and_sampled_exactly(stock_dqn_metrics):
+    ours = _buffer_metrics(enable_conduit(_small_dqn(), seed=11))
+    for want, got in zip(stock_dqn_metrics, ours, strict=True):
+        assert {k: got[k] for k in ADDED_AND_SAMPLED} == {k: want[k] for k in ADDED_AND_SAMPLED}
+        assert "num_episodes_per_sample" not in got  # not known in this mode (buffer.py says what differs)
+
+
+def test_buffer_metrics_flush_at_the_iteration_end_however_long_the_interval(monkeypatch):
+    monkeypatch.setattr(ConduitDQN, "METRICS_INTERVAL_S", 1e9)  # no flush within an iteration
+    algo = enable_conduit(tiny_dqn(), seed=1).build_algo()
+    try:
+        result = algo.train()
+        samples = stats(algo).buffer.samples
+    finally:
+        algo.stop()
+    got = result[REPLAY_BUFFER_RESULTS]
+    assert got["num_env_steps_added_lifetime"] == 100
+    assert got["num_env_steps_sampled_lifetime"] == samples * 16 > 0
+
+
+# -- the public stats accessor ---------------------------------------------------------------------
+
+def test_stats_of_a_dqn_with_its_local_learner():
+    algo = enable_conduit(tiny_dqn()).build_algo()
+    train(algo, 1)
+    got = stats(algo)
+    algo.stop()
+    assert got.buffer is not None and got.buffer.samples > 0 and got.buffer.adds == 100
+    assert got.runtime is not None and got.runtime.pulls == got.buffer.samples  # each sample one pull
+    assert len(got.learners) == 1 and got.learners[0].prepared_batches == got.buffer.samples
+    assert got.learners[0].pipeline is None and got.pipeline is None
+
+
+def test_stats_of_a_ppo_with_a_local_and_a_remote_learner():
+    for num_learners in (0, 1):
+        algo = enable_conduit(tiny_ppo().learners(num_learners=num_learners)).build_algo()
+        train(algo, 2)
+        got = stats(algo)
+        algo.stop()
+        assert got.buffer is None and got.runtime is None and len(got.learners) == 1, num_learners
+        assert got.pipeline is not None and got.pipeline.updates == 2, num_learners
+        assert got.pipeline.minibatches >= 2 * 3 * (256 // 64), num_learners
+
+
+def test_stats_says_what_is_missing():
+    from ray.rllib.algorithms.ppo import PPO
+
+    with pytest.raises(TypeError, match="enable_conduit"):
+        stats(object.__new__(PPO))

@@ -168,7 +168,7 @@ def test_cross_node_bandwidth_is_the_bottleneck() -> None:
         ({"pinned_to_gpu_gb_per_s": None}, "pinned_to_gpu", "expected 2 values"),
         ({"gpu_memory_gib": [1, 2, 3]}, "gpu_memory_bytes", "expected 2 values"),
         ({"host_memcpy": 5.0}, "host_memcpy", "given twice"),
-        ({"bogus_field": 1}, "bogus_field", "not a known key; valid keys: gpu_local_gb_per_s"),
+        ({"bogus_field": 1}, "bogus_field", "not a known key; valid keys: gpu_gather_gb_per_s, gpu_local_gb_per_s"),
         ({"host_memroy_gib": 1}, "host_memroy_gib", "did you mean 'host_memory_gib'?"),
         ({"gpus": -2}, "gpus", "expected a GPU count"),
     ],

@@ -1,0 +1,65 @@
+"""Conduit for SRL: Conduit's buffers as drop-ins for SRL's experience buffer.
+
+SRL (Mei et al., ICLR 2024; ``openpsi-projects/srl``, package ``rlsrl``) keeps its
+experience buffer inside each trainer worker: the stream thread ``put``\\s samples,
+the trainer's GPU thread polls ``empty()`` and ``get()``\\s ``ReplayEntry``\\s, and an
+algorithm's ``PyTorchGPUPrefetcher`` copies each batch to the GPU one step ahead.
+This package provides buffers that satisfy that protocol and SRL's semantics, and
+registers them under new buffer names by wrapping SRL's ``make_buffer``::
+
+    from conduit.integrations.srl import install
+    install()   # rlsrl.base.buffer (or the monorepo's base.buffer).make_buffer now also builds:
+
+- ``conduit_queue``: SRL's default reuse queue (``priority_queue``), thread-safe, each
+  batch stacked once into pinned, recycled staging memory (:mod:`.reuse_queue`);
+- ``conduit_replay`` / ``conduit_prioritized``: uniform and prioritized replay over a
+  :class:`conduit.Conduit` runtime; the prioritized one is an SRL
+  ``PrioritizedReplayBuffer``, so priority feedback reaches Conduit's generation-checked
+  ``update_priorities`` (:mod:`.replay`).
+
+:class:`ConduitSampleConsumer` feeds what one ``consume_to`` reads into a Conduit
+buffer in one push (:mod:`.consumer`). Entries and samples are SRL's own
+``ReplayEntry`` and ``NamedArray`` when SRL's buffer layer is loaded, otherwise the
+structurally identical stand-ins of :mod:`.protocol`. Buffers pickle (SRL's
+``save_buffer_on_exit``): replay buffers through Conduit's checkpoint format.
+
+SRL is not on PyPI and is never imported by ``import srl`` (an unrelated PyPI
+name); nothing here imports SRL until ``install`` is called, and ``import conduit``
+never imports this package.
+"""
+
+from __future__ import annotations
+
+from .consumer import ConduitSampleConsumer, consumer_class, install_consumers
+from .install import BUFFER_NAMES, Installation, install, installed, make, uninstall
+from .locate import BUFFER_MODULES, SRLTypes, find, loaded, types_of
+from .protocol import NamedArray, ReplayEntry
+from .replay import ConduitPrioritizedReplay, ConduitReplayBuffer, SamplingIndices, prioritized_class
+from .reuse_queue import ConduitQueueBuffer
+from .staging import HandoffGuard, Staging
+
+__all__ = [
+    "BUFFER_MODULES",
+    "BUFFER_NAMES",
+    "ConduitPrioritizedReplay",
+    "ConduitQueueBuffer",
+    "ConduitReplayBuffer",
+    "ConduitSampleConsumer",
+    "HandoffGuard",
+    "Installation",
+    "NamedArray",
+    "ReplayEntry",
+    "SRLTypes",
+    "SamplingIndices",
+    "Staging",
+    "consumer_class",
+    "find",
+    "install",
+    "install_consumers",
+    "installed",
+    "loaded",
+    "make",
+    "prioritized_class",
+    "types_of",
+    "uninstall",
+]

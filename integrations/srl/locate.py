@@ -1,0 +1,128 @@
+"""Where SRL's buffer layer lives in this process, and which entry and sample types to hand out.
+
+SRL is not on PyPI and two unrelated PyPI projects install a top-level ``srl``
+package (``srl`` 0.1.0 and ``srl-framework``), so SRL is never detected by
+``import srl``. Its buffer layer is found by the module names SRL itself uses:
+``rlsrl.base.buffer`` (the packaged ``srl-local`` release) and ``base.buffer``
+(the monorepo, run from its root). A module of that name counts as SRL's only if
+it has SRL's ``make_buffer``, ``ReplayEntry`` and ``PrioritizedReplayBuffer``.
+
+Nothing here imports SRL unless asked (:func:`find`, called by ``install``); a
+buffer built directly takes SRL's types only when SRL's buffer module is already
+loaded (:func:`loaded`), else the local stand-ins of :mod:`.protocol`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from . import protocol
+
+__all__ = [
+    "BUFFER_MODULES", "SRLTypes", "find", "loaded", "looks_like_srl", "namedarray_of", "types_named", "types_of",
+]
+
+#: SRL's buffer module, by the name each SRL distribution gives it (the packaged release first)
+BUFFER_MODULES = ("rlsrl.base.buffer", "base.buffer")
+_NEEDED = ("make_buffer", "ReplayEntry", "PrioritizedReplayBuffer")
+
+
+def looks_like_srl(module: ModuleType) -> bool:
+    """Whether ``module`` is SRL's buffer module (it has SRL's factory, entry type and PER class)."""
+    return all(hasattr(module, name) for name in _NEEDED)
+
+
+def loaded() -> ModuleType | None:
+    """SRL's buffer module if this process has already imported it (imports nothing)."""
+    for name in BUFFER_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and looks_like_srl(module):
+            return module
+    return None
+
+
+def find(module: str | ModuleType | None = None) -> ModuleType:
+    """SRL's buffer module: ``module`` (a name or the module), else the first of :data:`BUFFER_MODULES` that imports.
+
+    Raises ``ImportError`` naming each candidate and why it failed.
+    """
+    if isinstance(module, ModuleType):
+        candidates: tuple[str | ModuleType, ...] = (module,)
+    else:
+        candidates = (module,) if module else BUFFER_MODULES
+    reasons = []
+    for cand in candidates:
+        try:
+            mod = cand if isinstance(cand, ModuleType) else importlib.import_module(cand)
+        except Exception as e:  # an SRL checkout that fails to import (Python version, a missing dependency)
+            reasons.append(f"{cand}: {type(e).__name__}: {e}")
+            continue
+        if looks_like_srl(mod):
+            return mod
+        reasons.append(f"{mod.__name__}: not SRL's buffer module (needs {', '.join(_NEEDED)})")
+    raise ImportError(
+        "SRL's buffer layer was not found (" + "; ".join(reasons) + "). SRL is not on PyPI: clone "
+        "openpsi-projects/srl and `pip install -e .` (package rlsrl), or put the monorepo's root on sys.path; "
+        "then `pip install 'conduit-edp[srl]'` for the buffer layer's own dependencies"
+    )
+
+
+def namedarray_of(buffer_module: ModuleType) -> ModuleType | None:
+    """SRL's ``namedarray`` module beside its buffer module (``rlsrl.base.namedarray`` / ``base.namedarray``)."""
+    mod = getattr(buffer_module, "namedarray", None)
+    if isinstance(mod, ModuleType) and hasattr(mod, "NamedArray"):
+        return mod
+    package = buffer_module.__name__.rpartition(".")[0]
+    try:
+        mod = importlib.import_module(f"{package}.namedarray" if package else "namedarray")
+    except ImportError:
+        return None
+    return mod if hasattr(mod, "NamedArray") else None
+
+
+@dataclass(frozen=True)
+class SRLTypes:
+    """The classes a buffer hands out and subclasses: SRL's own, or the stand-ins."""
+
+    replay_entry: type[Any]
+    prioritized_base: type[Any]
+    named_array: type[Any]
+    #: the SRL buffer module they come from (None: the stand-ins of :mod:`.protocol`)
+    module: ModuleType | None
+
+    @property
+    def source(self) -> str:
+        return self.module.__name__ if self.module is not None else "conduit stand-ins"
+
+
+_STAND_INS = SRLTypes(protocol.ReplayEntry, protocol.PrioritizedReplayBuffer, protocol.NamedArray, None)
+
+
+def types_of(module: ModuleType | None = None) -> SRLTypes:
+    """The types of SRL's buffer ``module`` (default: the loaded one, if any), else the stand-ins."""
+    module = module if module is not None else loaded()
+    if module is None:
+        return _STAND_INS
+    na = namedarray_of(module)
+    return SRLTypes(
+        module.ReplayEntry, module.PrioritizedReplayBuffer,
+        na.NamedArray if na is not None else protocol.NamedArray, module,
+    )
+
+
+def types_named(module: str | None) -> SRLTypes:
+    """:func:`types_of` the buffer module named ``module`` (what a pickled buffer records), else of the loaded one.
+
+    A module that cannot be imported where the buffer is unpickled falls back to the loaded SRL, or the stand-ins.
+    """
+    if module is None:
+        return types_of()
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        return types_of()
+    return types_of(mod) if looks_like_srl(mod) else types_of()

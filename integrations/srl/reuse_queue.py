@@ -1,0 +1,247 @@
+"""``conduit_queue``: SRL's default buffer (``priority_queue``, on-policy batches with reuse), thread-safe.
+
+SRL's semantics, kept exactly (research notes §1.3, §4.2):
+
+- ``put`` collects samples and, every ``batch_size`` of them, stacks them on axis 1
+  into one time-major ``[T, B, ...]`` entry with ``reuses_left = reuses`` and
+  ``receive_time = time.time()``; it returns ``True`` when it formed an entry.
+  With ``batch_size`` falsy each sample is an entry of its own (``put`` returns ``False``).
+- Entries are ordered by ``(reuses_left, receive_time)``; ``get`` takes the one with
+  the most reuses left, the newest among equals (ties: the one inserted last),
+  decrements ``reuses_left``, increments ``reuses`` and puts it back while
+  ``reuses_left > 0`` and the queue is not full. The same entry object comes back
+  each time it is reused, as in SRL.
+- Over ``max_size`` entries, the one with the fewest reuses left and the oldest
+  arrival is dropped (SRL is lossy by design under back-pressure; :attr:`dropped` counts).
+
+What changes is where the data is and who may call: the stack is written once into
+staging memory (:mod:`.staging`: pinned where CUDA is, so the trainer's
+``non_blocking`` copy is a real DMA, and recycled), on the stream thread that calls
+``put`` — which overlaps the trainer thread by construction — and every method takes
+one lock, so the trainer thread's ``empty``/``get`` and the stream thread's ``put``
+need no ``sleep`` between them. With ``learner_device="cuda:N"`` the stacked batch
+is also copied to that GPU at ``put`` (on a side stream, an event the trainer's stream
+waits on at ``get``); ``policy_version_steps`` stays host numpy for SRL's staleness filter.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import queue
+import threading
+import time
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from conduit.errors import ConfigError, SpecError
+
+from .locate import SRLTypes, types_named
+from .samples import HOST_FIELDS, build, flatten, is_numeric
+from .staging import HandoffGuard, Staging
+
+__all__ = ["ConduitQueueBuffer"]
+
+
+class ConduitQueueBuffer:
+    """``conduit_queue``: see the module docstring."""
+
+    NAME: ClassVar[str] = "conduit_queue"
+
+    def __init__(
+        self,
+        max_size: int = 16,
+        reuses: int = 1,
+        batch_size: int | None = 1,
+        *,
+        learner_device: str = "cpu",
+        srl_types: SRLTypes | None = None,
+    ) -> None:
+        if not isinstance(max_size, (int, float)) or max_size < 1:
+            raise ConfigError(f"max_size: expected >= 1, got {max_size!r}")
+        if not isinstance(reuses, int) or reuses < 1:
+            raise ConfigError(f"reuses: expected an int >= 1, got {reuses!r}")
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 0):
+            raise ConfigError(f"batch_size: expected an int >= 0 or None, got {batch_size!r}")
+        self.max_size, self.reuses, self.batch_size = max_size, reuses, batch_size
+        self.learner_device = torch.device(learner_device)
+        if self.learner_device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"learner_device={learner_device!r}: CUDA is not available on this machine")
+        self.types = srl_types or types_named(None)
+        self._kwargs: dict[str, Any] = dict(
+            max_size=max_size, reuses=reuses, batch_size=batch_size, learner_device=learner_device
+        )
+        self._setup()
+        self._entries: list[tuple[tuple[float, float, int], Any]] = []  # sorted by (reuses_left, receive_time, seq)
+        self._pending: list[Any] = []
+        #: entries formed, entries dropped on overflow, entries handed out (reuses included)
+        self.formed = self.dropped = self.handed = 0
+
+    def _setup(self) -> None:
+        self._lock = threading.Lock()
+        self._seq = itertools.count()
+        self.staging = Staging()
+        self._guard = HandoffGuard()
+        self._events: dict[int, torch.cuda.Event] = {}  # a GPU learner's entries: their device copy's event
+        self._stream = torch.cuda.Stream(self.learner_device) if self.learner_device.type == "cuda" else None
+
+    # -- SRL's buffer protocol -------------------------------------------------------------------
+    def put(self, x: Any) -> bool:
+        """Add a sample; ``True`` when it completed an entry of ``batch_size`` samples (the stream thread)."""
+        if not self.batch_size:
+            self._insert(self.types.replay_entry(reuses_left=self.reuses, sample=x, receive_time=time.time()))
+            return False
+        with self._lock:
+            self._pending.append(x)
+            if len(self._pending) < self.batch_size:
+                return False
+            group, self._pending = self._pending[: self.batch_size], self._pending[self.batch_size :]
+        sample, event = self._stack(group)
+        entry = self.types.replay_entry(reuses_left=self.reuses, sample=sample, receive_time=time.time())
+        self._insert(entry, event)
+        return True
+
+    def put_many(self, xs: list[Any]) -> int:
+        """``put`` each sample (what :class:`~.consumer.ConduitSampleConsumer` calls); returns how many."""
+        for x in xs:
+            self.put(x)
+        return len(xs)
+
+    def get(self) -> Any:
+        """The entry with the most reuses left, newest first (the trainer thread; ``queue.Empty`` when empty)."""
+        with self._lock:
+            if not self._entries:
+                raise queue.Empty("the Conduit SRL queue buffer is empty")
+            _, r = self._entries.pop()
+            r.reuses_left -= 1
+            r.reuses += 1
+            self.handed += 1
+            if not self._full() and r.reuses_left > 0:
+                self._insert_locked(r)
+                event = self._events.get(id(r))
+            else:
+                event = self._events.pop(id(r), None)
+        self._hand_over(r, event)
+        return r
+
+    def empty(self) -> bool:
+        return not self._entries
+
+    def qsize(self) -> int:
+        return len(self._entries)
+
+    def full(self) -> bool:
+        with self._lock:
+            return self._full()
+
+    def _full(self) -> bool:
+        return len(self._entries) == self.max_size
+
+    # -- the queue's order ------------------------------------------------------------------------
+    def _insert(self, entry: Any, event: torch.cuda.Event | None = None) -> None:
+        with self._lock:
+            if event is not None:
+                self._events[id(entry)] = event
+            self._insert_locked(entry)
+
+    def _insert_locked(self, entry: Any) -> None:
+        bisect.insort(self._entries, ((entry.reuses_left, entry.receive_time, next(self._seq)), entry))
+        while len(self._entries) > self.max_size:  # the fewest reuses left, the oldest arrival
+            _, gone = self._entries.pop(0)
+            self._events.pop(id(gone), None)
+            self.dropped += 1
+
+    # -- batching on axis 1 -------------------------------------------------------------------------
+    def _stack(self, group: list[Any]) -> tuple[Any, torch.cuda.Event | None]:
+        """``B`` samples of ``[T, ...]`` -> one ``[T, B, ...]`` sample, numeric leaves in staging memory."""
+        flats = [dict(flatten(x)) for x in group]
+        names = list(flats[0])
+        for f in flats[1:]:
+            if list(f) != names and set(f) != set(names):
+                raise SpecError(f"samples of one batch differ in their fields: {sorted(set(f) ^ set(names))}")
+        numeric = {}
+        leaves: dict[str, Any] = {}
+        event = None
+        for k in names:
+            vals = [f[k] for f in flats]
+            present = [v for v in vals if v is not None]
+            if not present:
+                leaves[k] = None
+                continue
+            if len(present) < len(vals):  # SRL fills the samples missing a field with zeros of its shape
+                vals = [np.zeros_like(present[0]) if v is None else v for v in vals]
+            if all(is_numeric(v) for v in vals):
+                numeric[k] = vals
+            else:
+                leaves[k] = np.stack([np.asarray(v) for v in vals], axis=1)
+        if numeric:
+            shapes = {k: _time_major_shape(vals) for k, vals in numeric.items()}
+            blocks = self.staging.take(shapes)
+            for k, vals in numeric.items():
+                if all(isinstance(v, np.ndarray) for v in vals) and blocks[k].dtype is not torch.bfloat16:
+                    np.stack(vals, axis=1, out=blocks[k].numpy())  # numpy's stack: less per-sample overhead
+                else:
+                    torch.stack([torch.as_tensor(v) for v in vals], dim=1, out=blocks[k])
+            placed, event = self._place(blocks)
+            leaves.update(placed)
+        sample = build([(k, leaves[k]) for k in names], self.types.named_array)
+        self.formed += 1
+        return sample, event
+
+    def _place(self, blocks: dict[str, torch.Tensor]) -> tuple[dict[str, Any], torch.cuda.Event | None]:
+        """Host numpy views of the blocks, or (a GPU learner) device tensors copied on a side stream, and the
+        event that copy's completion records."""
+        if self._stream is None:
+            return {k: b.numpy() for k, b in blocks.items()}, None
+        out: dict[str, Any] = {}
+        with torch.cuda.stream(self._stream):
+            for k, b in blocks.items():
+                out[k] = b.numpy() if k in HOST_FIELDS else b.to(self.learner_device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return out, event
+
+    def _hand_over(self, entry: Any, event: torch.cuda.Event | None) -> None:
+        """The trainer thread receives ``entry``: its stream waits for the entry's device copy, or its pinned host
+        blocks are guarded until the trainer's own prefetcher has copied them."""
+        if self._stream is not None:
+            current = torch.cuda.current_stream(self.learner_device)
+            if event is not None:
+                current.wait_event(event)
+            for _, v in flatten(entry.sample):
+                if isinstance(v, torch.Tensor) and v.is_cuda:
+                    v.record_stream(current)
+        elif self.staging.pinned:
+            self._guard.handed([v for _, v in flatten(entry.sample) if isinstance(v, np.ndarray)])
+
+    # -- persistence ----------------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """Entries and pending samples pickle as they are (numpy on the host): SRL's ``save_buffer_on_exit``."""
+        with self._lock:
+            return {
+                "kwargs": self._kwargs, "entries": [e for _, e in self._entries], "pending": list(self._pending),
+                "counts": (self.formed, self.dropped, self.handed),
+                "srl_module": self.types.module.__name__ if self.types.module is not None else None,
+            }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state["kwargs"], srl_types=types_named(state.get("srl_module")))  # type: ignore[misc]
+        for entry in state["entries"]:
+            self._insert(entry)
+        self._pending = list(state["pending"])
+        self.formed, self.dropped, self.handed = state["counts"]
+
+    def __repr__(self) -> str:
+        return (
+            f"ConduitQueueBuffer(max_size={self.max_size}, reuses={self.reuses}, batch_size={self.batch_size}, "
+            f"entries={len(self._entries)}, staging={'pinned' if self.staging.pinned else 'pageable'})"
+        )
+
+
+def _time_major_shape(vals: list[Any]) -> tuple[tuple[int, ...], torch.dtype]:
+    first = torch.as_tensor(vals[0])
+    if first.dim() < 1:
+        raise SpecError("every array of an SRL sample has a time axis (axis 0)")
+    return (int(first.shape[0]), len(vals), *first.shape[1:]), first.dtype

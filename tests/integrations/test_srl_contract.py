@@ -1,0 +1,471 @@
+"""Contract tests of the SRL adapter against SRL's documented buffer protocol (no SRL source needed).
+
+Written from the research notes (``srl_gear_reverb.md`` §1.3–1.5, §4.2), not from SRL's code:
+entry fields, axis-1 (time-major ``[T, B, ...]``) batching, the reuse queue's order
+(``reuses``, ``reuses_left``, drops), PER feedback through the ``isinstance`` gate,
+the staleness filter, two threads (``consume_to`` on one, ``empty``/``get`` on the
+other) with exactly-once accounting, ``make_buffer`` registration under fork and
+spawn, and pickling (``save_buffer_on_exit``). Every test runs against both type
+sources: the adapter's stand-ins, and the SRL-protocol stub (:mod:`.test_srl_stub`)
+posing as SRL's buffer module.
+"""
+
+from __future__ import annotations
+
+import bisect
+import multiprocessing as mp
+import pickle
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from conduit.integrations import srl
+from conduit.integrations.srl import protocol
+from conduit.integrations.srl.install import ORIGINAL
+
+import conduit
+
+from . import test_srl_stub as stub
+from .test_srl_stub import StepLog, ids_of, sample, trainer_step
+
+SOURCES = ["stand-ins", "stub"]
+
+
+@pytest.fixture(params=SOURCES)
+def module(request):
+    """The SRL buffer module the buffers take their types from (None: the adapter's stand-ins)."""
+    return stub if request.param == "stub" else None
+
+
+@pytest.fixture
+def made(module):
+    """``make(name, **args)`` with this source's types; every buffer is closed after the test."""
+    built = []
+
+    def build(name, **args):
+        buf = srl.make(name, module, **args)
+        built.append(buf)
+        return buf
+
+    yield build
+    for buf in built:
+        close = getattr(buf, "close", None)
+        if close is not None:
+            close()
+
+
+def _types(module):
+    return (stub.ReplayEntry, stub.NamedArray, stub.PrioritizedReplayBuffer) if module is not None else (
+        protocol.ReplayEntry, protocol.NamedArray, protocol.PrioritizedReplayBuffer)
+
+
+# -- entries and batching -----------------------------------------------------------------------------------------
+def test_queue_entries_are_srl_entries_with_time_major_samples(made, module):
+    entry_t, named_t, _ = _types(module)
+    buf = made("conduit_queue", max_size=8, reuses=1, batch_size=3)
+    assert [buf.put(sample(i, t=5)) for i in range(3)] == [False, False, True]
+    entry = buf.get()
+    assert type(entry) is entry_t and type(entry.sample) is named_t
+    assert (entry.reuses_left, entry.reuses, entry.sampling_indices) == (0, 1, None)
+    assert entry.receive_time <= time.time()
+    s = entry.sample
+    assert s.obs.shape == (5, 3, 3) and s.reward.shape == (5, 3, 1) and s.length(0) == 5 and s.length(1) == 3
+    assert ids_of(s).tolist() == [0, 1, 2]
+    for b in range(3):  # column b is sample b, time along axis 0
+        np.testing.assert_array_equal(s.obs[:, b], sample(b, t=5).obs)
+    assert s.analyzed_result.value is None and s.policy_name is None
+
+
+def test_queue_without_batch_size_keeps_samples_whole(made):
+    buf = made("conduit_queue", max_size=4, reuses=1, batch_size=0)
+    assert buf.put(sample(7)) is False
+    assert buf.get().sample.obs.shape == (4, 3)
+
+
+@pytest.mark.parametrize("name", ["conduit_replay", "conduit_prioritized"])
+def test_replay_entries_are_time_major_batches_of_stored_samples(made, module, name):
+    entry_t, named_t, per_t = _types(module)
+    args = dict(max_size=32, batch_size=4, warmup_transitions=24, sample_length=6)
+    buf = made(name, **args)
+    assert buf.empty() and buf.qsize() == 0
+    for i in range(3):
+        buf.put(sample(i, t=6))
+        assert buf.empty()  # fewer than warmup_transitions (24 = 4 samples of 6)
+    for i in range(3, 8):
+        buf.put(sample(i, t=6))
+    assert not buf.empty() and buf.qsize() == 48
+    entry = buf.get()
+    assert type(entry) is entry_t and type(entry.sample) is named_t
+    assert (entry.reuses_left, entry.receive_time, entry.reuses) == (-1, -1, 0.0)
+    s = entry.sample
+    assert s.obs.shape == (6, 4, 3) and s.obs.flags["C_CONTIGUOUS"]
+    for b, i in enumerate(ids_of(s)):
+        np.testing.assert_array_equal(s.obs[:, b], sample(int(i), t=6).obs)
+    assert s.min_of("policy_version_steps") == 0.0
+    assert isinstance(buf, per_t) == (name == "conduit_prioritized")
+    if name == "conduit_prioritized":
+        assert entry.sampling_indices.shape == (4,) and s.metadata["sampling_weight"].dtype == np.float32
+    else:
+        assert entry.sampling_indices is None
+
+
+def test_replay_counts_reuses_at_get_as_srl_does(made):
+    buf = made("conduit_replay", max_size=4, batch_size=4, warmup_transitions=0, seed=1)
+    for i in range(4):
+        buf.put(sample(i))
+    reuses = [buf.get().reuses for _ in range(6)]
+    assert reuses[0] == 0.0 and min(reuses[1:]) > 0  # the mean count of the drawn samples before this draw
+
+
+def test_replay_refuses_what_it_does_not_do(made):
+    with pytest.raises(conduit.ConfigError, match="batch_length"):
+        made("conduit_replay", max_size=8, batch_size=2, warmup_transitions=0, sample_length=4, batch_length=2)
+    with pytest.raises(conduit.ConfigError, match="priority_interpolation_eta"):
+        made("conduit_prioritized", max_size=8, sample_length=4, batch_size=2, warmup_transitions=0,
+             priority_interpolation_eta=0.9)
+    buf = made("conduit_replay", max_size=8, batch_size=2, warmup_transitions=0, sample_length=4)
+    with pytest.raises(queue.Empty):
+        buf.get()
+    with pytest.raises(RuntimeError, match="length 3"):
+        buf.put(sample(0, t=3))
+    buf.put(sample(0))
+    with pytest.raises(RuntimeError, match="length 5"):
+        buf.put(sample(1, t=5))
+
+
+# -- the reuse queue's order, against a reference model of the documented semantics ------------------------------
+class Reference:
+    """§1.3: sorted by (reuses_left, arrival); get pops the max and re-inserts while reuses are left; over
+    max_size drop the min."""
+
+    def __init__(self, max_size, reuses):
+        self.items, self.max_size, self.reuses, self.clock = [], max_size, reuses, 0
+
+    def put(self, sid):
+        self.clock += 1
+        self._insert([self.reuses, self.clock, sid, 0])
+
+    def _insert(self, item):
+        bisect.insort(self.items, item)
+        while len(self.items) > self.max_size:
+            self.items.pop(0)
+
+    def get(self):
+        item = self.items.pop()
+        item[0] -= 1
+        item[3] += 1
+        if item[0] > 0 and len(self.items) < self.max_size:
+            self.clock += 1  # a re-insert goes after equal keys
+            self._insert([item[0], item[1], item[2], item[3]])
+        return item[2], item[0], item[3]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reuse_queue_matches_the_documented_order(made, seed):
+    rng = np.random.default_rng(seed)
+    max_size, reuses = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+    buf = made("conduit_queue", max_size=max_size, reuses=reuses, batch_size=1)
+    ref = Reference(max_size, reuses)
+    for i in range(60):
+        if rng.random() < 0.5 or buf.empty():
+            buf.put(sample(i))
+            ref.put(i)
+            time.sleep(1e-6)  # distinct receive times, as arrivals have
+        else:
+            e = buf.get()
+            assert (int(ids_of(e.sample)[0]), e.reuses_left, e.reuses) == ref.get()
+        assert buf.qsize() == len(ref.items)
+
+
+def test_reuse_queue_hands_back_the_same_entry_and_drops_on_overflow(made):
+    buf = made("conduit_queue", max_size=2, reuses=3, batch_size=1)
+    for i in range(3):
+        buf.put(sample(i))
+    assert buf.dropped == 1 and buf.qsize() == 2  # all had 3 reuses left: the oldest (0) went
+    newest = buf.get()
+    assert int(ids_of(newest.sample)[0]) == 2 and (newest.reuses_left, newest.reuses) == (2, 1)
+    more_left = buf.get()
+    assert int(ids_of(more_left.sample)[0]) == 1  # 3 reuses left beat 2
+    again = buf.get()  # both have 2 left: the newer arrival, the very entry handed out first
+    assert again is newest and (again.reuses_left, again.reuses) == (1, 2)
+
+
+# -- priority feedback through the isinstance gate ----------------------------------------------------------------
+def test_per_feedback_reaches_conduit_through_the_isinstance_gate(made, module):
+    _, _, per_t = _types(module)
+    buf = made("conduit_prioritized", max_size=16, sample_length=4, batch_size=8, warmup_transitions=0, seed=3,
+               alpha=1.0, beta=0.5)
+    for i in range(16):
+        buf.put(sample(i))
+    log = StepLog()
+    assert isinstance(buf, per_t)
+
+    def favour_zero(entry):  # sample 0 gets all the mass
+        return np.where(ids_of(entry.sample) == 0, 1e6, 1e-6)
+
+    for _ in range(3):
+        trainer_step(buf, log, priorities=favour_zero, gate=per_t)
+    assert log.priority_updates == 3 and len(log.trained) == 3
+    for _ in range(5):
+        e = buf.get()
+    assert (ids_of(e.sample) == 0).mean() > 0.9
+    w = e.sample.metadata["sampling_weight"]
+    assert np.all((w > 0) & (w <= 1.0 + 1e-6))
+    assert e.reuses >= 1  # replay counts rise with feedback (SRL counts them at update_priorities)
+
+
+def test_per_feedback_for_overwritten_samples_is_dropped(made):
+    buf = made("conduit_prioritized", max_size=4, sample_length=4, batch_size=4, warmup_transitions=0, seed=0)
+    for i in range(4):
+        buf.put(sample(i))
+    entry = buf.get()
+    for i in range(4, 8):  # every slot overwritten since the draw
+        buf.put(sample(i))
+    assert buf.update_priorities(entry.sampling_indices, np.ones(4)) == 0
+    with pytest.raises(ValueError, match="> 0"):
+        buf.update_priorities(buf.get().sampling_indices, np.zeros(4))
+    with pytest.raises(conduit.SemanticsError, match="match no batch"):
+        buf.update_priorities(np.array([9, 9, 9, 9]), np.ones(4))
+
+
+def test_per_beta_follows_the_scheduler_at_each_update(made):
+    class Linear:
+        init_value = 0.4
+
+        def get(self, step):
+            return min(1.0, 0.4 + 0.1 * step)
+
+    buf = made("conduit_prioritized", max_size=8, sample_length=4, batch_size=2, warmup_transitions=0,
+               beta=0.4, beta_scheduler=Linear())
+    for i in range(8):
+        buf.put(sample(i))
+    for _ in range(3):
+        e = buf.get()
+        buf.update_priorities(e.sampling_indices, np.array([1.0, 2.0]))
+    assert buf.beta == pytest.approx(0.7) and buf.training_steps == 3
+
+
+# -- the staleness filter reads policy_version_steps exactly as put ------------------------------------------------
+@pytest.mark.parametrize("name", ["conduit_queue", "conduit_replay"])
+def test_staleness_filter_sees_the_versions_that_were_put(module, made, name):
+    args = dict(max_size=8, batch_size=2) | ({"reuses": 1} if name == "conduit_queue" else {"warmup_transitions": 0})
+    buf = made(name, **args)
+    buf.put(sample(0, version=-1))
+    buf.put(sample(1, version=-1))
+    log = StepLog()
+    trainer_step(buf, log)
+    assert log.skipped == 1
+    buf.put(sample(2, version=3))
+    buf.put(sample(3, version=3))
+    fresh = StepLog()
+    for _ in range(10):
+        trainer_step(buf, fresh, version=10, preemption_steps=5)
+        if fresh.skipped + len(fresh.trained) >= 2:
+            break
+    # the queue hands the fresh batch (trained); replay may draw the stale rows too (skipped)
+    assert fresh.trained or fresh.skipped
+    for e in fresh.trained:
+        assert e.sample.min_of("policy_version_steps") == 3 and e.sample.policy_name is None
+
+
+# -- two threads: the stream thread's consume_to, the trainer thread's empty/get -------------------------------------
+@pytest.mark.parametrize("name", ["conduit_queue", "conduit_replay"])
+def test_two_threads_exactly_once(made, name, module):
+    n, b = 240, 4
+    args = dict(max_size=n, batch_size=b) | ({"reuses": 1} if name == "conduit_queue" else {"warmup_transitions": 0})
+    buf = made(name, **args)
+    stream = stub.DequeSampleConsumer()
+    consumer = srl.consumer_class(stub if module is not None else None)(stream)
+    for i in range(n):
+        stream.post(sample(i, t=2))
+    seen, errors, stop = [], [], threading.Event()
+
+    def trainer():
+        deadline = time.monotonic() + 20
+        try:
+            while not stop.is_set() and time.monotonic() < deadline and len(seen) < n // b:
+                if buf.empty():
+                    time.sleep(0.0005)
+                    continue
+                seen.append(ids_of(buf.get().sample))
+        except BaseException as e:  # reported, not swallowed
+            errors.append(e)
+
+    t = threading.Thread(target=trainer)
+    t.start()
+    for _ in range(400):  # bounded: each consume_to takes at most 7 samples
+        if consumer.consume_to(buf, max_iter=7) == 0 and not stream.samples:
+            break
+    if name == "conduit_replay":
+        stop.set()
+    t.join(30)
+    assert not t.is_alive() and errors == []
+    assert consumer.consumed == n and consumer.groups == -(-n // 7)
+    if name == "conduit_queue":
+        assert sorted(np.concatenate(seen).tolist()) == list(range(n))  # each sample exactly once
+    else:
+        stats = buf.stats()
+        assert stats.ingested_rows == n and stats.pushed_units == consumer.groups  # one push per consume_to
+        assert stats.buffer_rows == n
+
+
+def test_make_consumer_passes_the_conduit_consumer_through_and_can_wrap_every_consumer():
+    cls = srl.consumer_class(stub)
+    inner = stub.DequeSampleConsumer()
+    wrapped = cls(inner)
+    assert isinstance(wrapped, stub.SampleConsumer) and stub.make_consumer(wrapped) is wrapped
+    original = stub.make_consumer
+    try:
+        assert srl.install_consumers(stub) is cls
+        made = stub.make_consumer("deque")
+        assert isinstance(made, srl.ConduitSampleConsumer) and isinstance(made.inner, stub.DequeSampleConsumer)
+        assert stub.make_consumer(wrapped) is wrapped
+        again = pickle.loads(pickle.dumps(wrapped))
+        assert type(again) is cls
+    finally:
+        stub.make_consumer = original
+
+
+# -- registration by wrapping make_buffer: in this process, forked and spawned children -------------------------------
+@pytest.fixture
+def installed():
+    original = stub.make_buffer
+    installation = srl.install(stub)
+    yield installation
+    srl.uninstall(stub)
+    assert stub.make_buffer is original
+
+
+def test_make_buffer_builds_conduit_buffers_and_falls_through(installed):
+    assert srl.installed(stub) and installed.modules == (stub.__name__,)
+    srl.install(stub)  # idempotent: one wrapper
+    assert not hasattr(getattr(stub.make_buffer, ORIGINAL), ORIGINAL)
+    assert type(stub.make_buffer("priority_queue", max_size=2)) is stub.PriorityQueueBuffer
+    per = stub.make_buffer("conduit_prioritized", max_size=8, sample_length=4, batch_size=2, warmup_transitions=0)
+    assert isinstance(per, stub.PrioritizedReplayBuffer) and per.types.module is stub
+    per.put(sample(0))
+    per.put(sample(1))
+    assert type(per.get()) is stub.ReplayEntry
+    per.close()
+    with pytest.raises(NotImplementedError):
+        stub.make_buffer("no_such_buffer")
+
+
+def _child_builds(result, installation=None):
+    """In a child process: build a buffer through the module attribute, as SRL's trainer worker does."""
+    try:
+        from tests.integrations import test_srl_stub as child_stub
+
+        buf = child_stub.make_buffer("conduit_queue", max_size=4, reuses=1, batch_size=1)
+        buf.put(child_stub.sample(5))
+        result.put((type(buf).__name__, type(buf.get()).__module__))
+    except BaseException as e:
+        result.put(("error", repr(e)))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_registration_reaches_worker_processes(installed, method):
+    ctx = mp.get_context(method)
+    result = ctx.Queue()
+    # fork inherits the patched module; spawn re-imports it, and the Installation re-installs when unpickled
+    p = ctx.Process(target=_child_builds, args=(result, installed if method == "spawn" else None))
+    p.start()
+    try:
+        got = result.get(timeout=60)
+    finally:
+        p.join(30)
+    assert got == ("ConduitQueueBuffer", stub.__name__)
+
+
+# -- pickling (SRL's save_buffer_on_exit / load_buffer_on_restart) ------------------------------------------------------
+def test_queue_pickles_with_its_order_and_reuse_counts(made):
+    buf = made("conduit_queue", max_size=4, reuses=2, batch_size=2)
+    for i in range(5):
+        buf.put(sample(i))
+    first = buf.get()
+    back = pickle.loads(pickle.dumps(buf))
+    assert back.qsize() == buf.qsize() == 2 and back.types == buf.types
+    a, b = back.get(), buf.get()
+    assert ids_of(a.sample).tolist() == ids_of(b.sample).tolist() and (a.reuses, a.reuses_left) == (b.reuses, b.reuses_left)
+    assert first.reuses == 1
+    back.put(sample(5))  # the pending sample 4 travelled too
+    assert ids_of(back.get().sample).tolist() == [4, 5]
+
+
+@pytest.mark.parametrize("name", ["conduit_replay", "conduit_prioritized"])
+def test_replay_pickles_through_conduits_checkpoint(made, module, name):
+    args = dict(max_size=8, batch_size=2, warmup_transitions=0, sample_length=4, seed=5)
+    buf = made(name, **args)
+    assert pickle.loads(pickle.dumps(buf)).empty()  # nothing put yet: a fresh buffer
+    for i in range(6):
+        buf.put(sample(i))
+    e = buf.get()
+    if name == "conduit_prioritized":
+        buf.update_priorities(e.sampling_indices, np.array([5.0, 0.5]))
+    blob = pickle.dumps(buf)
+    back = pickle.loads(blob)
+    try:
+        assert type(back) is type(buf) and back.qsize() == buf.qsize() == 24
+        expected, got = buf.get(), back.get()  # same generator state, same rows: the same draw
+        assert ids_of(got.sample).tolist() == ids_of(expected.sample).tolist()
+        assert got.reuses == expected.reuses
+        if name == "conduit_prioritized":
+            np.testing.assert_allclose(got.sample.metadata["sampling_weight"],
+                                       expected.sample.metadata["sampling_weight"])
+        back.put(sample(99))
+        assert back.stats().buffer_version == 7
+    finally:
+        back.close()
+
+
+def test_a_tampered_pickle_fails_with_a_checkpoint_error(made):
+    buf = made("conduit_replay", max_size=4, batch_size=2, warmup_transitions=0)
+    for i in range(3):
+        buf.put(sample(i))
+    rebuild, (name, kwargs, (files, state), module) = buf.__reduce__()
+    victim = next(k for k in files if k.endswith(".pt"))
+    tampered = {**files, victim: files[victim][:-8] + b"tampered"}
+    with pytest.raises(conduit.CheckpointError):
+        rebuild(name, kwargs, (tampered, state), module)
+    with pytest.raises(conduit.CheckpointError, match="outside"):
+        rebuild(name, kwargs, ({"../escape.pt": b"x"}, state), module)
+
+
+# -- staging memory and imports ---------------------------------------------------------------------------------------------
+def test_staging_falls_back_to_pageable_memory_without_cuda():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: staging is pinned")
+    staging = srl.Staging()
+    assert staging.pinned is False
+    block = staging.take({"obs": ((4, 2, 3), torch.float32)})["obs"]
+    assert block.shape == (4, 2, 3) and not block.is_pinned()
+    with pytest.raises(conduit.ConfigError, match="CUDA"):
+        srl.Staging(pinned=True)
+    guard = srl.HandoffGuard()
+    guard.handed([block])
+    assert len(guard) == 0
+
+
+def test_importing_the_adapter_imports_no_srl_and_changes_nothing():
+    code = (
+        "import sys, conduit.integrations.srl as s; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('srl', 'rlsrl', 'base', 'distributed', 'wandb')]; "
+        "print(bad, s.loaded()); sys.exit(1 if bad or s.loaded() is not None else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_find_reports_what_it_tried():
+    if srl.loaded() is not None or "rlsrl" in sys.modules:
+        pytest.skip("an SRL checkout is importable in this session (CONDUIT_SRL_SRC)")
+    with pytest.raises(ImportError, match=r"rlsrl\.base\.buffer.*base\.buffer.*not on PyPI"):
+        srl.find()
+    with pytest.raises(ImportError, match="not SRL's buffer module"):
+        srl.find("json")

@@ -56,6 +56,46 @@ target="."
 if [ -n "$wanted" ]; then target=".[${wanted}]"; fi
 # setuptools warns on every editable install of a package-dir layout (STYLE.md's) that a folder named like the
 # package may shadow it on sys.path: here that folder *is* the package, so the warning has nothing to say
+# verl 0.9.1 pins tensordict<=0.10 where the bench extra's TorchRL needs 0.14: pip cannot resolve the two
+# together. With both asked for, everything but verl goes in as usual; then verl and TransferQueue without
+# their pins, and their other requirements with torch and tensordict held where they are (the adapter's tests
+# pass on tensordict 0.14). Either extra alone resolves normally.
+split_verl=""
+case ",$wanted," in *",verl,"*) case ",$wanted," in *",bench,"*) split_verl=1 ;; esac ;; esac
+if [ -n "$split_verl" ]; then
+  target=".[$(printf '%s\n' ${wanted//,/ } | grep -vx verl | paste -sd, -)]"
+fi
 PYTHONWARNINGS="ignore:Editable installation" pip_install -e "$target"
+if [ -n "$split_verl" ]; then
+  read -r pinned others < <("$py" - <<'PY'
+import tomllib
+extra = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["verl"]
+pinned = [r for r in extra if r.split("=")[0].lower() in ("verl", "transferqueue")]
+print(",".join(pinned), " ".join(r for r in extra if r not in pinned))
+PY
+)
+  pip_install --no-deps ${pinned//,/ }
+  held=$(mktemp)
+  "$py" - >"$held" <<'PY'
+import importlib.metadata as m
+for d in ("torch", "tensordict"):
+    print(f"{d}=={m.version(d)}")
+PY
+  reqs=$("$py" - <<'PY'
+import importlib.metadata as m
+from packaging.requirements import Requirement
+out = []
+for d in ("verl", "TransferQueue"):
+    for r in m.requires(d) or []:
+        req = Requirement(r)
+        if req.marker is None and req.name.lower() not in ("torch", "tensordict"):
+            out.append(str(req))
+print(" ".join(sorted(set(out))))
+PY
+)
+  # shellcheck disable=SC2086
+  pip_install -c "$held" $reqs $others
+  rm -f "$held"
+fi
 printf '%s\n%s\n' "$inputs" "$wanted" >"$stamp"
 "$py" -c "import conduit, torch; print(f'bootstrap: conduit {conduit.__version__}, torch {torch.__version__}')"

@@ -3,5 +3,5 @@
 #   scripts/run-tests.sh [pytest options]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/bootstrap.sh "test,rllib,bench"
+scripts/bootstrap.sh "test,rllib,bench,verl,srl"
 exec .venv/bin/python -m pytest tests "$@"

@@ -6,11 +6,15 @@ these names, so a block that would crash as written fails the suite.
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import torch
 
 #: how many loop iterations each block runs
 iterations = 3
+#: where a block saves a checkpoint
+checkpoint_dir = tempfile.mkdtemp(prefix="conduit-readme-")
 _rng = np.random.default_rng(0)
 
 

@@ -1,0 +1,484 @@
+"""One Conduit per learner rank, each holding a shard of one Experience Buffer, delivering one buffer's samples.
+
+::
+
+    torch.distributed.init_process_group("gloo")         # or torchrun / Ray actors / conduit.distributed.launch
+    edp = conduit.distributed.Conduit(policy="off_policy", train_batch_size=256, capacity=1_000_000,
+                                      sampler="prioritized")
+    with edp:
+        for it in range(iterations):
+            edp.push(rollout())            # into this rank's shard (or routed: round_robin, proportional)
+            batch = edp.pull()             # collective: this learner's batch, drawn over every shard
+            edp.update_priorities(batch, td_error(batch))
+
+**The shard** is a single-process :class:`conduit.Conduit` over this rank's share
+of ``capacity`` (equal, or ``shares=`` such as the placement's multi-node split,
+:mod:`conduit.distributed.plan`): ingestion hooks, validation, the replay ring
+and its sampler are the core's own, unchanged.
+
+**Which calls are collective.** ``pull`` (global sampling), ``minibatches``,
+``sync``, ``stats``, ``save`` and construction: every rank calls them, in the
+same order, as a data-parallel learner calls its all-reduce. ``push``,
+``update_priorities`` and ``flush`` never communicate: a unit routed to another
+shard, or a priority for a row another rank holds, waits in an outbox and moves
+at the next collective (before that collective samples, so a priority update is
+in place for the next draw exactly as on one buffer).
+
+**Sampling.** ``sampling="global"`` (the default) draws each learner's batch over
+all rows of all shards with one buffer's distribution (uniform over every row,
+or prioritized over the global priority mass, weights normalised by the global
+maximum: :mod:`conduit.distributed.sampling`); rows move in one
+``all_to_all`` (:mod:`conduit.distributed.exchange`). ``sampling="local"``: each
+learner draws from its own shard only, no exchange and no collective in
+``pull``. That changes the distribution: a row is drawn with probability
+``1/rows_of_its_shard`` (or its priority over its *shard's* mass), so rows of
+a smaller or less-filled shard are over-represented, each learner sees only the
+experience of the actors that feed its shard, and weights are normalised by the
+shard's own maximum. It equals global sampling only when shards are equally full
+and the actors are exchangeable.
+
+**Exactly once.** Every unit is counted where it is pushed and where a shard
+ingests it; :meth:`DistributedConduit.stats` adds them up over the group:
+``pushed == ingested + refused + in flight``, in flight being 0 after ``sync``.
+
+**Faults.** Every collective is bounded by ``timeout_s``; a rank that died or
+stalled makes the others' next collective raise :class:`RankFailed` naming it
+(:mod:`conduit.distributed.group`), and every later call raises it again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from conduit.batch import Batch
+from conduit.config import ConduitConfig
+from conduit.core import Policy, SamplerKind
+from conduit.distributed import sampling as smp
+from conduit.distributed.exchange import dumps, loads
+from conduit.distributed.group import RankGroup
+from conduit.distributed.replay import HEAD, ROWS, SPEC, ReplayShare, ShardedBatch
+from conduit.errors import ConfigError, SemanticsError, SpecError
+from conduit.hooks import HookKind, HookRegistry, Reader, Writer
+from conduit.runtime import Conduit
+from conduit.spec import Data, ExperienceSpec, as_tensors, rows_of
+
+__all__ = ["DistributedConduit", "DistributedStats", "Routing", "Sampling", "ShardedBatch"]
+
+log = logging.getLogger("conduit")
+
+# the stats vector every rank contributes to a sync: these slots, then one outbox size per rank
+
+
+class Sampling(str, Enum):
+    """Where a learner's batch is drawn from: every shard (one buffer's distribution) or its own shard."""
+
+    GLOBAL = "global"
+    LOCAL = "local"
+
+
+class Routing(str, Enum):
+    """Which shard a pushed unit goes to."""
+
+    LOCAL = "local"
+    ROUND_ROBIN = "round_robin"
+    PROPORTIONAL = "proportional"
+
+
+@dataclass(frozen=True)
+class DistributedStats:
+    """Counters over the whole group (rows as pushed, before any ingestion hook), per rank."""
+
+    pushed_rows: tuple[int, ...]
+    ingested_rows: tuple[int, ...]
+    refused_rows: tuple[int, ...]
+    in_flight_rows: tuple[int, ...]
+    shard_rows: tuple[int, ...]
+    shard_capacity: tuple[int, ...]
+
+    @property
+    def exactly_once(self) -> bool:
+        """Every pushed row was ingested by exactly one shard, refused, or is still routed in flight."""
+        return sum(self.pushed_rows) == sum(self.ingested_rows) + sum(self.refused_rows) + sum(self.in_flight_rows)
+
+
+class DistributedConduit:
+    """The Conduit of one rank of a ``torch.distributed`` group (see the module docstring).
+
+    Args:
+        config: the *global* configuration (``capacity`` of the whole buffer, ``train_batch_size`` per
+            learner off-policy, rows per iteration on-policy); ``Conduit(policy=..., ...)`` is shorthand.
+        group: the learners' process group (default: the world). Construction is collective over it.
+        sampling: ``"global"`` (default) or ``"local"`` (:class:`Sampling`).
+        routing: ``"local"`` (default), ``"round_robin"`` or ``"proportional"`` (:class:`Routing`).
+        shares: each rank's share of ``capacity`` (default equal), e.g. ``plan.shares_for(...)``.
+        spec: the experience spec, when known up front.
+        registry: the hooks (default: a fresh registry filled by ``@edp.register_*``).
+    """
+
+    def __init__(
+        self,
+        config: ConduitConfig | None = None,
+        *,
+        group: dist.ProcessGroup | None = None,
+        sampling: Sampling | str = Sampling.GLOBAL,
+        routing: Routing | str = Routing.LOCAL,
+        shares: list[float] | tuple[float, ...] | None = None,
+        spec: ExperienceSpec | None = None,
+        registry: HookRegistry | None = None,
+        **fields: Any,
+    ) -> None:
+        if config is not None and fields:
+            raise ConfigError(f"pass either a ConduitConfig or config fields, not both (got {sorted(fields)})")
+        cfg = config if config is not None else ConduitConfig(**fields)
+        self.config = cfg
+        self.sampling = Sampling(sampling)
+        self.routing = Routing(routing)
+        _validate(cfg, self.routing)
+        self.group = RankGroup(cfg.timeout_s, group)
+        self.rank, self.world = self.group.rank, self.group.world
+        self.registry = registry or HookRegistry()
+        self.spec_declared = spec
+        devices = cfg.learner_devices
+        self.device = torch.device(devices[self.rank] if len(devices) == self.world else devices[0])
+        seeds = self.group.gather_object(
+            cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().generate_state(1)[0]), "seeding"
+        )
+        #: the generator every rank holds alike (request matrices, on-policy permutations)
+        self.shared_rng = np.random.default_rng([int(seeds[0]), 0x5EED])
+        self._lock = threading.Lock()
+        self._outbox: list[dict[str, list[Any]]] = [{"units": [], "priorities": []} for _ in range(self.world)]
+        self._outbox_rows = 0
+        self._rr = self.rank
+        self._counts = {"pushed": 0, "ingested": 0, "refused": 0}
+        self._spec: ExperienceSpec | None = spec
+        self._closed = False
+        self._channels: list[Any] = []
+        if cfg.policy is Policy.OFF_POLICY:
+            assert cfg.capacity is not None
+            self.capacities = smp.shard_capacities(cfg.capacity, self.world, shares)
+            self._share = np.asarray(self.capacities, dtype=np.float64) / sum(self.capacities)
+            self._routed = np.zeros(self.world, dtype=np.float64)
+            shard_cfg = _shard_config(cfg, self.capacities[self.rank], self.rank, str(self.device))
+            self.shard: Conduit | None = Conduit(shard_cfg, spec=spec, registry=self.registry)
+            self.on_policy = None
+            self.replay: ReplayShare | None = ReplayShare(self)
+        else:
+            from conduit.distributed.onpolicy import OnPolicyShare
+
+            self.capacities = (0,) * self.world
+            self.shard = None
+            self.on_policy = OnPolicyShare(self)
+            self.replay = None
+        self.g = int(cfg.default_schedule().delivery.granularity) if cfg.policy is Policy.OFF_POLICY else 1
+
+    # -- hooks -----------------------------------------------------------------------------
+    def register_ingestion(self, input: str = "Actor", output: str = "ExperienceBuffer") -> Any:
+        """Decorator: the framework's ingestion logic; it runs on the rank whose shard takes the unit."""
+        return self.registry.register(HookKind.INGESTION, input, output)
+
+    def register_delivery(self, input: str = "ExperienceBuffer", output: str = "Learner") -> Any:
+        """Decorator: the framework's delivery logic; it runs on the learner's rank, over its whole batch."""
+        return self.registry.register(HookKind.DELIVERY, input, output)
+
+    # -- push side (never collective) ------------------------------------------------------------
+    def start(self) -> DistributedConduit:
+        self.group.check()
+        if self.shard is not None:
+            self.shard.start()
+        return self
+
+    def push(self, data: Data, *, timeout: float | None = None, copy: bool | None = None) -> None:
+        """Push one rollout unit into the shard routing picks (this rank's, by default)."""
+        self.group.check()
+        if self.on_policy is not None:
+            self.on_policy.push(data)
+            return
+        assert self.shard is not None
+        tensors = as_tensors(data)
+        n = rows_of(tensors)
+        with self._lock:
+            dest = self._route(n)
+            self._counts["pushed"] += n
+            if dest != self.rank:
+                keep = copy if copy is not None else self.config.copy_on_push
+                self._outbox[dest]["units"].append({k: v.clone() if keep else v for k, v in tensors.items()})
+                self._outbox_rows += n
+                return
+        try:
+            self.shard.push(data, timeout=timeout, copy=copy)
+        except SpecError:
+            with self._lock:
+                self._counts["pushed"] -= n  # a refused push changes nothing, as on one runtime
+            raise
+        with self._lock:
+            self._counts["ingested"] += n
+
+    def _route(self, rows: int) -> int:
+        if self.routing is Routing.LOCAL:
+            return self.rank
+        if self.routing is Routing.ROUND_ROBIN:
+            self._rr = (self._rr + 1) % self.world
+            return self._rr
+        return smp.proportional_route(self._routed, self._share, rows)
+
+    def flush(self, *, timeout: float | None = None) -> None:
+        """Ingest every unit pushed into this rank's shard so far (routed units move at the next collective)."""
+        if self.shard is not None:
+            self.shard.flush(timeout=timeout)
+
+    def update_priorities(self, batch: ShardedBatch, priorities: Any) -> int:
+        """New priorities for a pulled batch's rows: this rank's rows now, other ranks' at the next collective.
+
+        Returns how many rows' priorities were applied here or queued for their rank.
+        """
+        self.group.check()
+        if self.shard is None or self.shard.buffer is None:
+            raise SemanticsError("update_priorities needs off-policy replay with sampler='prioritized'")
+        if isinstance(priorities, torch.Tensor):
+            priorities = priorities.detach().to("cpu", torch.float64).numpy()
+        pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
+        owners, slots, ids = batch.owners, batch.info.indices, batch.info.ids
+        if len(pr) != len(owners):
+            raise ValueError(f"update_priorities: {len(pr)} priorities for a batch of {len(owners)} rows")
+        mine = owners == self.rank
+        applied = self.shard.buffer.update_priorities(slots[mine], ids[mine], pr[mine]) if mine.any() else 0
+        with self._lock:
+            for r in np.unique(owners[~mine]):
+                sel = owners == r
+                self._outbox[int(r)]["priorities"].append(
+                    [torch.from_numpy(slots[sel].copy()), torch.from_numpy(ids[sel].copy()), torch.from_numpy(pr[sel])]
+                )
+        return int(applied + (~mine).sum())
+
+    # -- collectives -------------------------------------------------------------------------
+    def sync(self, *, give_up: bool = False) -> np.ndarray:
+        """Collective: move routed units and queued priority updates to their shards, then exchange every
+        shard's state; returns the ``[world, fields]`` matrix of it (live rows, priority mass, ...)."""
+        self.start()
+        with self._lock:
+            outbox, self._outbox = self._outbox, [{"units": [], "priorities": []} for _ in range(self.world)]
+            moving = self._outbox_rows
+        payload = [dumps(o) if o["units"] or o["priorities"] else torch.empty(0, dtype=torch.uint8) for o in outbox]
+        sizes = [int(p.numel()) for p in payload]
+        state = self.group.gather(self._state_vector(give_up, sizes), "sync (state and outbox sizes)")
+        pending = state[:, HEAD:].to(torch.int64)
+        if int(pending.sum()):
+            recv = self.group.exchange(torch.cat(payload), sizes, pending[:, self.rank].tolist(),
+                                       "sync (routed units and priority updates)", rows=False)
+            with self._lock:
+                self._outbox_rows -= moving  # handed over: the receiving shards count them in
+            self._receive(recv, pending[:, self.rank].tolist())
+            state = self.group.gather(self._state_vector(give_up, [0] * self.world), "sync (state)")
+        else:
+            with self._lock:
+                self._outbox_rows -= moving
+        self.agree_on_spec(state[:, SPEC].numpy())
+        return state[:, :HEAD].numpy()
+
+    def agree_on_spec(self, keys: np.ndarray) -> None:
+        """Every rank lays rows out by one spec: learn it where this shard has none yet, refuse a mismatch."""
+        known = keys[keys > 0]
+        if known.size and (known != known[0]).any():
+            raise SpecError(f"the ranks' shards hold different experience specs (spec keys {keys.tolist()})")
+        if known.size and known.size < keys.size:  # the same decision on every rank: all of them gather
+            specs = self.group.gather_object(self.spec.to_json() if self.spec else None, "sync (the spec)")
+            if self.spec is None:
+                self._spec = ExperienceSpec.from_json(next(s for s in specs if s is not None))
+
+    def _state_vector(self, give_up: bool, sizes: list[int]) -> torch.Tensor:
+        buf = self.shard.buffer if self.shard is not None else None
+        rows = float(buf.rows) if buf is not None else 0.0
+        mass, low = _mass(buf, self.config)
+        head = [rows, mass, low, self.spec_key(), float(buf.inserted if buf else 0), float(give_up)]
+        return torch.tensor(head + [float(s) for s in sizes], dtype=torch.float64)
+
+    def spec_key(self) -> float:
+        """A checksum of this rank's spec (0: none yet), for the ranks to agree on one row layout."""
+        spec = self.spec
+        if spec is None:
+            return 0.0
+        self._spec = spec
+        return float(zlib.crc32(json.dumps(spec.to_json(), sort_keys=True).encode()) + 1)
+
+    def _receive(self, recv: torch.Tensor, sizes: list[int]) -> None:
+        assert self.shard is not None and self.shard.buffer is not None
+        at = 0
+        for src, n in enumerate(sizes):
+            if not n:
+                continue
+            got = loads(recv[at : at + n])
+            at += n
+            for slots, ids, pr in got["priorities"]:
+                self.shard.buffer.update_priorities(slots.numpy(), ids.numpy(), pr.numpy())
+            for unit in got["units"]:
+                rows = rows_of(unit)
+                try:
+                    self.shard.push(unit, copy=False)
+                except SpecError as e:
+                    log.error("conduit.distributed: a unit routed from rank %d was refused here: %s", src, e)
+                    with self._lock:
+                        self._counts["refused"] += rows
+                    continue
+                with self._lock:
+                    self._counts["ingested"] += rows
+        self.shard.flush()
+
+    def pull(self, learner: int | None = None, *, timeout: float | None = None) -> ShardedBatch:
+        """This learner's next batch (collective under global sampling; ``learner`` is this rank)."""
+        self.group.check()
+        if learner is not None and learner != self.rank:
+            raise ValueError(f"pull(learner={learner}) on rank {self.rank}: each rank pulls its own batch")
+        if self.replay is None:
+            raise SemanticsError("on-policy: iterate minibatches(); pull() is off-policy replay")
+        self.start()
+        return self.replay.pull(self.config.timeout_s if timeout is None else timeout)
+
+    def deliver(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The registered delivery hook over the learner's whole batch (identity when none)."""
+        spec = self.registry.get(HookKind.DELIVERY)
+        if spec is None:
+            return data
+        w = Writer("Learner")
+        spec.fn(Reader("ExperienceBuffer", data), w)
+        if len(w.items) == 1:
+            return w.items[0]
+        return {k: torch.cat([it[k] for it in w.items]) for k in w.items[0]} if w.items else {}
+
+    def minibatches(self, *, timeout: float | None = None) -> Iterator[Batch]:
+        """On-policy, collective: this learner's part of every mini-batch of the iteration pushed so far."""
+        if self.on_policy is None:
+            raise SemanticsError("minibatches() iterates an on-policy iteration; off-policy uses pull()")
+        return self.on_policy.minibatches()
+
+    def ready(self) -> bool:
+        """Collective under global sampling: whether a pull can be served now (enough rows over the group)."""
+        if self.sampling is Sampling.LOCAL and self.shard is not None:
+            self.start()
+            assert self.shard.buffer is not None
+            return self.shard.buffer.rows >= self.local_sample_min()
+        return bool(self.sync()[:, ROWS].sum() >= self.config.sample_min)
+
+    def local_sample_min(self) -> int:
+        """Rows this shard needs before local sampling starts: its share of ``min_size_to_sample``."""
+        share = self.capacities[self.rank] / sum(self.capacities)
+        return max(1, min(self.capacities[self.rank], math.ceil(self.config.sample_min * share)))
+
+    def stats(self) -> DistributedStats:
+        """Collective: the group's counters (moves routed units first, so in flight is 0 unless one failed)."""
+        state = self.sync()
+        with self._lock:
+            mine = [self._counts["pushed"], self._counts["ingested"], self._counts["refused"], self._outbox_rows]
+        m = self.group.gather(torch.tensor(mine, dtype=torch.int64), "stats").numpy()
+        return DistributedStats(
+            pushed_rows=tuple(int(x) for x in m[:, 0]), ingested_rows=tuple(int(x) for x in m[:, 1]),
+            refused_rows=tuple(int(x) for x in m[:, 2]), in_flight_rows=tuple(int(x) for x in m[:, 3]),
+            shard_rows=tuple(int(x) for x in state[:, ROWS]), shard_capacity=self.capacities,
+        )
+
+    def counters(self) -> dict[str, int]:
+        """This rank's exactly-once counters (rows pushed here, ingested by its shard, refused by it)."""
+        with self._lock:
+            return dict(self._counts)
+
+    def add_counts(self, counts: dict[str, int]) -> None:
+        """Continue counters from a checkpoint (the group's totals, added on one rank)."""
+        with self._lock:
+            for k in self._counts:
+                self._counts[k] += int(counts.get(k, 0))
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Collective: every rank's shard and one manifest, atomically (:mod:`conduit.distributed.checkpoint`)."""
+        from conduit.distributed.checkpoint import save
+
+        return save(self, path)
+
+    def restore(self, path: str | Path) -> dict[str, Any]:
+        """Collective: load a distributed checkpoint saved on any number of ranks (re-sharded where it differs)."""
+        from conduit.distributed.checkpoint import restore
+
+        return restore(self, path)
+
+    # -- introspection and lifecycle ---------------------------------------------------------------
+    @property
+    def spec(self) -> ExperienceSpec | None:
+        if self.shard is not None and self.shard.spec is not None:
+            return self.shard.spec
+        if self.on_policy is not None and self.on_policy.spec is not None:
+            return self.on_policy.spec
+        return self._spec
+
+    def actor_channel(self, maxsize: int = 8, context: str = "spawn") -> Any:
+        """A channel actor processes push through into this rank (routing applies to what they push)."""
+        from conduit.remote import ActorChannel
+
+        channel = ActorChannel(self.push, self.group.failure, maxsize, self.config.timeout_s, context)
+        self._channels.append(channel)
+        return channel
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Close this rank's shard (not collective: a rank may close while others failed); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for c in self._channels:
+            c.close(timeout)
+        if self.shard is not None:
+            self.shard.close(timeout)
+        self.group.close()
+
+    def __enter__(self) -> DistributedConduit:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"conduit.distributed.Conduit(rank {self.rank}/{self.world}, {self.config.policy.value}, "
+                f"sampling={self.sampling.value}, routing={self.routing.value})")
+
+
+def _mass(buf: Any, cfg: ConduitConfig) -> tuple[float, float]:
+    """A prioritized shard's total priority mass and smallest non-zero priority (``p^alpha``).
+
+    Read from the sampler's sum-tree (public attributes; the core has no accessor for them yet)."""
+    if buf is None or cfg.sampler is not SamplerKind.PRIORITIZED or not buf.rows:
+        return 0.0, float("inf")
+    tree = buf.sampler.tree
+    return float(tree.total), float(tree.min)
+
+
+def _validate(cfg: ConduitConfig, routing: Routing) -> None:
+    if cfg.policy is Policy.OFF_POLICY:
+        if cfg.sampler not in (SamplerKind.UNIFORM, SamplerKind.PRIORITIZED):
+            raise ConfigError(f"sampler={cfg.sampler.value!r}: a sharded buffer samples uniform or prioritized")
+        for name in ("max_times_sampled", "rate_limit"):
+            if getattr(cfg, name) is not None:
+                raise ConfigError(f"{name}: not supported across ranks yet (a single-process runtime has it)")
+    elif routing is not Routing.LOCAL:
+        raise ConfigError(f"routing={routing.value!r}: on-policy units stay on the rank that pushed them")
+
+
+def _shard_config(cfg: ConduitConfig, capacity: int, rank: int, device: str) -> ConduitConfig:
+    """The config of one rank's shard: its capacity, one learner, delivery inline (this module draws)."""
+    d = cfg.model_dump()
+    pinned = {**d["pinned"], "delivery_overlap": False, "delivery_granularity": "1"}
+    d.update(
+        capacity=capacity, train_batch_size=min(cfg.train_batch_size, capacity), num_learners=1,
+        learner_device=device, min_size_to_sample=None, pinned=pinned,
+        seed=None if cfg.seed is None else cfg.seed * 1_000_003 + rank + 1,
+    )
+    return ConduitConfig(**d)

@@ -1,0 +1,26 @@
+"""Conduit for verl: post-generation ingestion as scheduled Conduit operators, KnitTrans-style delivery.
+
+::
+
+    pip install "conduit-edp[verl]"
+    python -m verl.trainer.main_ppo trainer.v1.trainer_mode=conduit_sync ...          # V1 (TransferQueue)
+    python -m verl.trainer.main_ppo trainer.v1.trainer_mode=conduit_separate_async ...
+    # admission control (V1): trainer.v1.sampler.custom_sampler.path=pkg://conduit.integrations.verl.admission
+    #                         trainer.v1.sampler.custom_sampler.name=ConduitAdmissionBuffer
+
+The ``verl.plugins`` entry point (:mod:`.plugin`) registers the trainers in every
+process that imports verl; V0 users take :class:`ConduitRayPPOTrainer` (a
+``RayPPOTrainer`` subclass). Verl's reward functions, advantage estimators,
+losses and engines are called, never copied. :func:`status` says whether the
+plugin registered (verl hides plugin errors).
+
+The pure parts (:mod:`.stages`, :mod:`.admission` logic, :mod:`.delivery`) import
+no verl; ``import conduit`` imports none of this package.
+"""
+
+from __future__ import annotations
+
+from .compat import TESTED, UntestedVersion, check_versions
+from .plugin import status
+
+__all__ = ["TESTED", "UntestedVersion", "check_versions", "status"]

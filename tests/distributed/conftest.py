@@ -1,0 +1,63 @@
+"""Fixtures for the distributed tests: real torch.distributed (gloo over 127.0.0.1) groups of spawned ranks.
+
+Starting a group costs seconds on two cores, so each world size runs every
+scenario in one group (:func:`tests.distributed.workers.scenarios`) once per
+session, and the tests check its results. The 4-rank group saves a checkpoint
+the 2-rank group restores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.multiprocessing as mp
+
+from conduit.distributed import launch
+from tests.distributed import workers
+
+#: wall time of each group's run, for the report
+TIMINGS: dict[str, float] = {}
+
+
+def spawn(fn: Any, world: int, *args: Any) -> None:
+    """``torch.multiprocessing.spawn`` of ``fn(rank, world, port, *args)`` on a fresh local port."""
+    mp.spawn(fn, args=(world, launch.free_port(), *args), nprocs=world, join=True)
+
+
+@pytest.fixture(scope="session")
+def group_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
+    """Results of every scenario at 4 ranks (saving a checkpoint) then at 2 ranks (restoring it)."""
+    root = tmp_path_factory.mktemp("distributed")
+    ck = str(root / "ck")
+    out: dict[int, dict[str, Any]] = {}
+    for world, mode in ((4, "save"), (2, "restore")):
+        path = root / f"world{world}.json"
+        t0 = time.monotonic()
+        spawn(workers.scenarios, world, str(path), ck, mode)
+        TIMINGS[f"world{world}"] = time.monotonic() - t0
+        out[world] = json.loads(path.read_text())
+    return out
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """``ray.init`` once per session, as tests/integrations does (never a bare ``ray.init()``)."""
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    started = False
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        started = True
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path) -> Path:
+    return tmp_path

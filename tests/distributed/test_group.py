@@ -1,0 +1,159 @@
+"""The distributed experience plane on real torch.distributed groups (gloo over 127.0.0.1), 2 and 4 ranks.
+
+The groups run once per session (``group_runs`` in conftest); each test checks one
+property of their results against one buffer's semantics.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch.multiprocessing as mp
+from scipy import stats
+
+from conduit.distributed import launch
+from tests.distributed import workers
+
+WORLDS = (2, 4)
+P_OK = 1e-3  # a correct sampler fails a chi-square test this rarely
+
+
+def _seen_counts(res: dict) -> tuple[list[int], np.ndarray]:
+    tids = sorted(t for r in res["ranks"] for t in r["tids"])
+    counts = collections.Counter(t for r in res["ranks"] for t in r["seen"])
+    return tids, np.array([counts.get(t, 0) for t in tids], dtype=np.float64)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("routing", ["round_robin", "proportional"])
+def test_ingestion_is_exactly_once_under_concurrent_pushes(group_runs, world, routing):
+    res = group_runs[world][routing]
+    assert res["errors"] == []
+    assert res["exactly_once"] and res["in_flight"] == 0
+    assert res["pushed"] == res["ingested"] == res["expected"]
+    assert sorted(res["tids"]) == list(range(res["expected"]))  # every row in exactly one shard
+    rows = np.array(res["shard_rows"], dtype=float)
+    if routing == "round_robin":  # units dealt one by one: shards within a few units of each other
+        assert rows.max() - rows.min() <= 7 * 3 * world
+    else:  # capacity-proportional: shares 1:2:...:world
+        share = np.array(res["capacity"], dtype=float) / sum(res["capacity"])
+        assert np.allclose(rows / rows.sum(), share, atol=0.03)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_global_uniform_sampling_is_one_buffers_distribution(group_runs, world):
+    _, counts = _seen_counts(group_runs[world]["uniform"])
+    assert counts.sum() == 40 * workers.BATCH * world
+    assert stats.chisquare(counts).pvalue > P_OK  # uniform over every row of every shard
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_local_sampling_is_not_one_buffers_distribution_on_unequal_shards(group_runs, world):
+    """What ``sampling="local"`` changes (documented): each learner draws its own shard only."""
+    _, counts = _seen_counts(group_runs[world]["uniform_local"])
+    assert stats.chisquare(counts).pvalue < 1e-6
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_global_prioritized_sampling_follows_the_global_priority_mass(group_runs, world):
+    tids, counts = _seen_counts(group_runs[world]["prioritized"])
+    p = (workers.prio(np.array(tids)) + workers.EPS) ** workers.ALPHA
+    expected = counts.sum() * p / p.sum()
+    assert stats.chisquare(counts, expected).pvalue > P_OK
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_importance_weights_equal_a_single_buffers(group_runs, world):
+    res = group_runs[world]["prioritized"]
+    got = {int(t): w for r in res["ranks"] for t, w in r["weights"].items()}
+    a, b, eps = workers.ALPHA, workers.BETA, workers.EPS
+    for t, w in got.items():  # (p_i / p_min)^-beta over the global minimum: max weight 1
+        assert w == pytest.approx((((workers.prio(t) + eps) / (1 + eps)) ** a) ** -b, rel=1e-5)
+    ref = {int(t): w for t, w in res["reference"].items()}
+    common = set(ref) & set(got)
+    assert len(common) > 20
+    assert all(got[t] == pytest.approx(ref[t], rel=1e-5) for t in common)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_priority_updates_land_on_the_rank_that_holds_the_row(group_runs, world):
+    landed = group_runs[world]["prioritized"]["cross_rank"]["landed"]  # rank 0's rows others re-prioritized
+    assert landed
+    for leaf, p in landed.values():
+        assert leaf == pytest.approx((p + workers.EPS) ** workers.ALPHA, rel=1e-9)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_on_policy_shares_are_disjoint_complete_and_fresh(group_runs, world):
+    res = group_runs[world]["on_policy"]
+    by_key: dict[tuple[int, int, int], list[list[int]]] = collections.defaultdict(list)
+    for learner in res["learners"]:
+        assert sum(b["last"] for b in learner) == 2  # one last mini-batch per iteration
+        for b in learner:
+            by_key[(b["iteration"], b["epoch"], b["minibatch"])].append(b["tids"])
+    for it in (0, 1):
+        size = [13 * (r + 1) + 3 for r in range(world)] if it == 0 else [7 * (r + 2) for r in range(world)]
+        pushed = sorted(r * 10_000 + it * 100_000 + i for r in range(world) for i in range(size[r]))
+        for epoch in (0, 1):
+            epoch_rows: list[int] = []
+            for m in range(4):
+                parts = by_key[(it, epoch, m)]
+                assert len(parts) == world and all(parts)  # every learner has a part of every mini-batch
+                flat = [t for p in parts for t in p]
+                assert len(flat) == len(set(flat))  # the learners' parts are disjoint
+                epoch_rows += flat
+            assert sorted(epoch_rows) == pushed  # complete, once per epoch, and only this iteration's rows
+
+
+def test_save_on_four_ranks_restores_on_two_and_continues(group_runs):
+    saved, res = group_runs[4]["save"], group_runs[2]["restore"]
+    restored = [(int(t), leaf) for rank in res["restored"] for t, leaf in rank]
+    tids = [t for t, _ in restored]
+    assert sorted(tids) == sorted(int(t) for t in saved["leaves"])  # every row, exactly once
+    leaves = dict(restored)
+    assert all(leaves[int(t)] == pytest.approx(v, rel=1e-12) for t, v in saved["leaves"].items())
+    assert res["exactly_once"] and res["pushed"] == saved["pushed"]
+    assert res["after_exactly_once"]
+    assert any(t >= 500_000 for t in res["seen"]) and any(t < 500_000 for t in res["seen"])
+    assert res["max_weight"] <= 1.0 + 1e-6
+
+
+def test_a_rank_killed_with_sigkill_makes_the_others_raise_naming_it(tmp_path: Path):
+    world, victim, timeout = 3, 2, 4.0
+    ctx = mp.start_processes(workers.killed, args=(world, launch.free_port(), str(tmp_path), victim),
+                             nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + 90
+    for p in ctx.processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in ctx.processes:
+        if p.is_alive():  # pragma: no cover - a hang: fail, but leave nothing behind
+            p.kill()
+            p.join(5)
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world) if r != victim]
+    for rep in reports:
+        assert rep["raised"] == "RankFailed", rep
+        assert victim in rep["ranks"], rep
+        assert f"[{victim}] died" in rep["message"], rep
+        assert rep["seconds"] < timeout + 3, rep  # the collective's timeout, the short diagnosis, slack
+        assert rep["second"] is not None and rep["second"] < timeout  # latched: raises without another wait
+
+
+def test_learners_as_ray_actors_form_the_group(ray_session):
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(workers)  # the actors need not import the test tree
+    results = launch.ray_learners(workers.ray_rank, 2, num_cpus=1)
+    rr = results[0]["round_robin"]
+    assert rr["exactly_once"] and sorted(rr["tids"]) == list(range(rr["expected"]))
+    res = results[0]["prioritized"]
+    tids, counts = _seen_counts(res)
+    p = (workers.prio(np.array(tids)) + workers.EPS) ** workers.ALPHA
+    assert stats.chisquare(counts, counts.sum() * p / p.sum()).pvalue > P_OK
+    ref = {int(t): w for t, w in res["reference"].items()}
+    got = {int(t): w for r in res["ranks"] for t, w in r["weights"].items()}
+    assert all(got[t] == pytest.approx(ref[t], rel=1e-5) for t in set(ref) & set(got))

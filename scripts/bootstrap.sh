@@ -25,11 +25,13 @@ if [ -x "$py" ] && [ -f "$stamp" ] && [ "$(head -n1 "$stamp")" = "$inputs" ]; th
   fi
 fi
 
-pip_install() {  # quiet, minus the noise of index locations that do not exist on this machine
+pip_install() {  # quiet, minus the noise of index locations that do not exist on this machine, and minus
+  # pip's report of the one conflict installed on purpose (verl's tensordict pin; see below)
   local log status=0
   log=$(mktemp)
   "$py" -m pip install -q "$@" >"$log" 2>&1 || status=$?
-  grep -v "^WARNING: Location" "$log" || true
+  grep -v -e "^WARNING: Location" -e "^ERROR: pip's dependency resolver does not currently take into account" \
+    -e "^verl [0-9.]* requires tensordict" "$log" || true
   rm -f "$log"
   return "$status"
 }

@@ -44,3 +44,22 @@ def test_gpu_checks_without_cuda_says_so_and_exits_0(tmp_path) -> None:
                           capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     assert "no CUDA device here" in done.stdout
+
+
+def test_the_scaling_table_predicts_every_count_next_to_the_papers_figures(tmp_path) -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import scaling_table
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    out = tmp_path / "scaling.json"
+    assert scaling_table.main(["--setup", "a100", "--json", str(out)]) == 0
+    (doc,) = json.loads(out.read_text())
+    rows = {r["gpus"]: r for r in doc["rows"]}
+    assert sorted(rows) == [1, 2, 4, 8, 16] and rows[16]["nodes"] == 2
+    assert rows[1]["t_iter_adaptive_s"] * 1e3 == pytest.approx(95.0)  # the calibration point is the paper's
+    assert rows[16]["paper_ms"] == 15.0 and "Gear 35" in rows[16]["paper_other"]
+    for r in rows.values():  # adaptive is the best candidate under the model, so never behind the fixed spread
+        assert 0 < r["path_adaptive_s"] <= r["path_fixed_s"] and r["path_adaptive_s"] <= r["paths_s"]["Alg. 1"]
+    times = [rows[n]["t_iter_adaptive_s"] for n in sorted(rows)]
+    assert times == sorted(times, reverse=True)  # strong scaling: more GPUs, less time per iteration

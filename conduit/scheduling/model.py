@@ -161,7 +161,8 @@ def predict(costs: Costs, schedule: Schedule) -> Prediction:
     # the loop's own rollout and update can never be hidden: a negative S_both (both paths overlapped hid
     # more than each alone) lowers T_iter at most to that bound, where schedules tie (exposed latency 0)
     t_iter = max(t_iter, costs.t_rollout + costs.t_update + costs.t_other)
-    return Prediction(t_iter, t_iter - costs.t_rollout - costs.t_update, ing, dlv, schedule)
+    exposed = max(0.0, t_iter - costs.t_rollout - costs.t_update)  # never -1e-18 from rounding
+    return Prediction(t_iter, exposed, ing, dlv, schedule)
 
 
 def rank(costs: Costs, schedules: Iterable[Schedule]) -> list[Prediction]:

@@ -148,7 +148,8 @@ def test_conduit_ingestion_is_bit_identical_to_verls_serial_order(estimator: str
                 assert torch.equal(ref.batch[k], got.batch[k]), (k, seed, plan.describe())
             assert sorted(ref.batch.keys()) == sorted(got.batch.keys())
             assert ref_metrics == metrics
-            assert plan.overlapped  # independent groups with free overlap: the model overlaps them
+            if seed == 0:  # nothing measured yet: equal priors and free overlap, so the model overlaps the groups
+                assert plan.overlapped  # (later plans follow the measured stage costs, whatever they decide)
     finally:
         runner.close()
 

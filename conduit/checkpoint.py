@@ -124,23 +124,38 @@ def save(path: str | Path, manifest: Mapping[str, Any], components: Mapping[str,
             "format": FORMAT, "version": VERSION, "conduit_version": __version__, "created_unix": time.time(),
             **manifest, "components": sorted(components), "files": files,
         }
-        (tmp / MANIFEST).write_text(json.dumps(_jsonable(doc), indent=1))
-        _fsync(tmp / MANIFEST)
-        (tmp / COMPLETE).write_text(_sha256(tmp / MANIFEST))
-        _fsync(tmp / COMPLETE)
-        _fsync(tmp)
-        aside = None
-        if target.exists():
-            aside = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-            os.replace(target, aside)
-        os.replace(tmp, target)
-        _fsync(target.parent)
-        for old in _asides(target):  # this one, and any an earlier interrupted save left
-            shutil.rmtree(old, ignore_errors=True)
+        commit(tmp, target, doc)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def commit(tmp: Path, target: Path, manifest: Mapping[str, Any]) -> None:
+    """Seal the directory ``tmp`` (its files written and synced) as the checkpoint ``target``, atomically.
+
+    Writes ``manifest`` as ``MANIFEST.json`` and ``COMPLETE`` (its sha256) last, syncs, then sets any
+    previous ``target`` aside, renames ``tmp`` into place and removes what was set aside (also by an
+    earlier interrupted save). A crash at any point leaves the previous checkpoint whole. Shared by
+    every checkpoint format (the distributed one seals its directory of shards with it).
+    """
+    (tmp / MANIFEST).write_text(json.dumps(_jsonable(manifest), indent=1))
+    _fsync(tmp / MANIFEST)
+    (tmp / COMPLETE).write_text(_sha256(tmp / MANIFEST))
+    _fsync(tmp / COMPLETE)
+    _fsync(tmp)
+    if target.exists():
+        os.replace(target, target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}"))
+    os.replace(tmp, target)
+    _fsync(target.parent)
+    for old in _asides(target):  # this one, and any an earlier interrupted save left
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def sealed(path: Path) -> bool:
+    """Whether ``path`` holds a manifest whose ``COMPLETE`` marker matches it (what :func:`commit` writes)."""
+    marker, manifest = path / COMPLETE, path / MANIFEST
+    return manifest.exists() and marker.exists() and marker.read_text().strip() == _sha256(manifest)
 
 
 def _remove_dead_temporaries(target: Path) -> None:

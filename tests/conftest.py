@@ -55,3 +55,18 @@ def transitions(n: int, dim: int = 4, start: int = 0) -> dict[str, torch.Tensor]
 
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """``ray.init`` once per test session, shared by every folder that needs Ray (never a bare ``ray.init()``:
+    it could attach to another cluster); skips where Ray is not installed."""
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    started = False
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        started = True
+    yield ray
+    if started:
+        ray.shutdown()

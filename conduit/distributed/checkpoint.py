@@ -27,9 +27,7 @@ samplers' generators start afresh (another world draws differently anyway).
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
 import uuid
 from pathlib import Path
@@ -51,24 +49,11 @@ __all__ = ["FORMAT", "restore", "save"]
 
 FORMAT = "conduit-distributed-checkpoint"
 VERSION = 1
-MANIFEST = "MANIFEST.json"
-COMPLETE = "COMPLETE"
+MANIFEST, COMPLETE = core_checkpoint.MANIFEST, core_checkpoint.COMPLETE  # sealed as the core seals its own
 
 
 def _shard_dir(rank: int) -> str:
     return f"shard-{rank:05d}"
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save(edp: DistributedConduit, path: str | Path) -> Path:
@@ -119,19 +104,7 @@ def _commit(edp: DistributedConduit, target: Path, tmp: Path, reports: list[dict
         "shards": [_shard_dir(r) for r in range(edp.world)], "counts": totals,
         "shared_rng": edp.shared_rng.bit_generator.state,
     }
-    (tmp / MANIFEST).write_text(json.dumps(doc, indent=1))
-    _fsync(tmp / MANIFEST)
-    (tmp / COMPLETE).write_text(_sha256(tmp / MANIFEST))
-    _fsync(tmp / COMPLETE)
-    _fsync(tmp)
-    aside = None
-    if target.exists():
-        aside = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(target, aside)
-    os.replace(tmp, target)
-    _fsync(target.parent)
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
+    core_checkpoint.commit(tmp, target, doc)
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
@@ -139,7 +112,7 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not (p / MANIFEST).exists():
         raise CheckpointError(f"{p}: not a distributed Conduit checkpoint (no {MANIFEST})")
-    if not (p / COMPLETE).exists() or (p / COMPLETE).read_text().strip() != _sha256(p / MANIFEST):
+    if not core_checkpoint.sealed(p):
         raise CheckpointError(f"{p}: incomplete or corrupt ({COMPLETE} missing or not matching {MANIFEST})")
     doc = json.loads((p / MANIFEST).read_text())
     if doc.get("format") != FORMAT or doc.get("version") != VERSION:

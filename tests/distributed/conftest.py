@@ -9,7 +9,6 @@ the 2-rank group restores.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -42,20 +41,6 @@ def group_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, 
         TIMINGS[f"world{world}"] = time.monotonic() - t0
         out[world] = json.loads(path.read_text())
     return out
-
-
-@pytest.fixture(scope="session")
-def ray_session():
-    """``ray.init`` once per session, as tests/integrations does (never a bare ``ray.init()``)."""
-    ray = pytest.importorskip("ray")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    started = False
-    if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-        started = True
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Fixtures for the real-RLlib tests: one local Ray instance per session, tiny configs.
+"""Fixtures for the real-RLlib tests: tiny configs (the one Ray instance per session: tests/conftest.py).
 
 Ray is imported inside the fixtures, so collecting this folder without the
 ``rllib`` extra only skips the modules (each calls ``pytest.importorskip``).
@@ -6,24 +6,7 @@ Ray is imported inside the fixtures, so collecting this folder without the
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
-
-@pytest.fixture(scope="session")
-def ray_session():
-    """``ray.init`` once (never a bare ``ray.init()``: it could attach to another cluster)."""
-    import ray
-
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    started = False
-    if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-        started = True
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture

@@ -359,8 +359,11 @@ class DeliveryPath(DataPath):
                         return None
                     if self.staged[learner]:
                         item, index = self._pop(learner)
-                    elif self._ready(learner):
+                    elif not self._busy[learner] and self._ready(learner):
+                        # never beside the worker's invocation for this learner (it ran under the mode just left):
+                        # its batches come first, in the order claimed; busy until this one's rest is staged
                         claim, index = self._claim(learner, handed=True)
+                        self._busy[learner] = True
                 if claim is not None:
                     return self._deliver(claim, index)
             finally:
@@ -371,20 +374,30 @@ class DeliveryPath(DataPath):
             with self._lock:
 
                 def servable() -> bool:
-                    return bool(self.staged[learner]) or self._ready(learner) or self.mode.overlap
+                    ready = not self._busy[learner] and self._ready(learner)
+                    return bool(self.staged[learner]) or ready or self.mode.overlap
 
                 if not servable():  # re-checked: another pull of this learner may have staged leftovers since
-                    self._refuse(learner)
+                    if not self._busy[learner]:  # busy: a batch is on its way, not refused
+                        self._refuse(learner)
                     self._wait(learner, deadline, servable)
 
     def _deliver(self, claim: Claim, index: int) -> Batch:
-        """Run an inline invocation (caller holds the invocation lock): its first batch now, the rest staged."""
-        parts = self._invoke(claim)
+        """Run an inline invocation (caller holds the invocation lock): its first batch now, the rest staged.
+
+        The learner counts as busy from the claim until the rest is staged, so a worker started by a switch
+        to overlap meanwhile claims only what comes after (batches stay in the order they were claimed).
+        """
         learner = claim.learner
-        if len(parts) > 1:
+        rest: list[Staged] = []
+        try:
+            parts = self._invoke(claim)
             rest = [Staged(part, self._info(claim, i), None) for i, part in enumerate(parts[1:], start=1)]
-            with self._lock:
+        finally:
+            with self._lock:  # in one hold: the rest is staged as the learner stops being busy
                 self.staged[learner].extend(rest)
+                self._busy[learner] = False
+                self.cond.notify_all()
         info = self._info(claim, 0, index, self.buffer.inserted)
         # counted before the invocation lock goes: a checkpoint (which pauses delivery by taking the lock)
         # then never sees this pull's index without its rows counted

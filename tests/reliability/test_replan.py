@@ -179,3 +179,40 @@ def test_on_policy_schedules_switching_between_iterations_keep_every_iteration_w
         for it, tids in enumerate(seen):
             assert sorted(tids) == sorted(2 * list(range(it * rows, (it + 1) * rows))), f"iteration {it}"
     assert Fraction(1, m) in {s.delivery.granularity for s in schedules}
+
+
+def test_an_inline_pull_after_a_switch_waits_for_the_old_workers_batch_and_keeps_the_order(crew):
+    """A switch to inline returns once its invocation locks are free, while the old mode's worker may still be
+    inside an invocation (here: held in the delivery hook). The next inline pull must not claim past that
+    batch: the worker's mini-batch comes first, then the rest, in order, each once. (The race once delivered
+    the next mini-batch first and the held one after the iteration's last, lost to it.)"""
+    from fractions import Fraction
+
+    from conduit.core import INLINE
+
+    entered, release = threading.Event(), threading.Event()
+    calls = itertools.count()
+    overlapped = Schedule(Mode(False, Fraction(1)), Mode(True, Fraction(1, 4)))
+    edp = Conduit(policy="on_policy", train_batch_size=64, num_minibatches=4, num_epochs=1, timeout_s=10.0,
+                  pinned=overlapped)
+
+    @edp.register_delivery(input="ExperienceBuffer", output="Learner")
+    def held(exp_in, learn_out):  # the worker's first invocation waits until the test lets it go
+        if next(calls) == 0:
+            entered.set()
+            release.wait(10)
+        learn_out.write(exp_in.read())
+
+    got: list = []
+    with edp:
+        for k in range(4):
+            edp.push(transitions(16, start=16 * k))
+        assert entered.wait(10)  # the worker holds mini-batch 0
+        crew.start(lambda: edp.reschedule(INLINE, timeout=0.2), "switch")  # returns, the worker still inside
+        crew.join(10)
+        crew.start(lambda: got.extend(edp.minibatches(timeout=10.0)), "learner")
+        time.sleep(0.2)  # the inline pull is under way (before the fix it claimed mini-batch 1 here)
+        release.set()
+        crew.join(20)
+    assert [b.info.minibatch for b in got] == [0, 1, 2, 3]
+    assert sorted(t for b in got for t in b["tid"].tolist()) == list(range(64))

@@ -30,13 +30,11 @@ import time
 from abc import abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
 import torch
 
-from conduit.batch import Batch, BatchInfo, DrawnRows
+from conduit.batch import Batch, BatchInfo
 from conduit.buffers.base import ExperienceBuffer
 from conduit.core import Mode
 from conduit.errors import ConduitError, ConduitTimeout
@@ -45,72 +43,12 @@ from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, Reader, Writer
 from conduit.memory import BatchMemory
 from conduit.operators import FnOperator, HookOperator, Operator, OperatorKind, Packet
 from conduit.paths.base import DataPath
+from conduit.paths.claims import Claim, DeliveryStats, Place, Staged
 from conduit.trace import Tracer
 
 __all__ = ["Claim", "DeliveryPath", "DeliveryStats", "HookFn", "Place", "Staged"]
 
 HookFn = Callable[[Reader, Writer], object]
-
-
-class Place(NamedTuple):
-    """A batch's place in its policy's order and its rows: the BatchInfo fields that differ between the policies."""
-
-    iteration: int
-    epoch: int | None
-    minibatch: int | None
-    num_minibatches: int | None
-    last: bool
-    rows: DrawnRows
-    weights: np.ndarray | None
-
-
-@dataclass(eq=False, slots=True)
-class Claim:
-    """One claimed invocation: what it delivers, and (once gathered) the rows it drew.
-
-    Subclasses add what their policy needs and say where each of the invocation's
-    batches sits (:meth:`place`) and which rows it holds (:meth:`provenance`).
-    """
-
-    learner: int
-    #: the learner's pull count when the invocation was claimed (its first batch's)
-    sampled_at_pull: int
-    mode: Mode
-    #: rows of each training batch the invocation delivers
-    sizes: Sequence[int]
-    #: rows reserved for batches not handed over at once (given back if the invocation fails)
-    reserved: int = 0
-    #: transitions ingested when the rows were drawn (set by the gather)
-    buffer_version: int = -1
-
-    def place(self, part: int) -> Place:
-        """Batch ``part``'s place, rows and importance weights (after the gather)."""
-        raise NotImplementedError
-
-    def facts(self) -> dict[str, object]:
-        """What a delivery hook reads as ``exp_in.info`` (subclasses add their policy's keys)."""
-        return {
-            "learner": self.learner, "mode": self.mode, "granularity": float(self.mode.granularity),
-            "sizes": list(self.sizes), "rows": sum(self.sizes), "sampled_at_pull": self.sampled_at_pull,
-            "buffer_version": self.buffer_version,
-        }
-
-
-class Staged(NamedTuple):
-    """A batch made ahead of its pull: its data, its provenance (pull index still open), its CUDA event."""
-
-    data: dict[str, torch.Tensor]
-    info: BatchInfo
-    event: torch.cuda.Event | None
-
-
-@dataclass
-class DeliveryStats:
-    pulls: int = 0
-    invocations: int = 0
-    delivered_rows: int = 0
-    pull_s: float = 0.0  # total time spent inside pull (exposed delivery latency)
-    wait_s: float = 0.0  # of which waiting for data or the worker
 
 
 class DeliveryPath(DataPath):

@@ -225,3 +225,29 @@ def test_iteration_buffer_grows_for_a_unit_larger_than_its_slack(presort):
     # laid out (presort), the first 4 rows were scattered over the store before it grew: every row survives
     assert it.rows == 6 and buf.gather(it, np.arange(6))["tid"].tolist() == list(range(6))
     assert (it.position is not None) is presort
+
+
+def test_priority_mass_is_the_sum_and_minimum_of_the_rows_priorities():
+    """What a draw over several buffers as one reads (conduit.distributed): total p^alpha, its minimum, beta."""
+    import numpy as np
+
+    from conduit import Conduit
+    from tests.helpers import transitions
+
+    edp = Conduit(policy="off_policy", train_batch_size=8, capacity=64, sampler="prioritized", seed=0)
+    with edp:
+        edp.push(transitions(32))
+        edp.flush()
+        buf = edp.buffer
+        slots, _ = buf.oldest_first()
+        buf.update_priorities(slots, buf.ids[slots].copy(), np.arange(1.0, 33.0))
+        leaves, _ = buf.priorities_at(slots)
+        total, low, beta = buf.priority_mass()
+        assert total == pytest.approx(float(leaves.sum())) and low == pytest.approx(float(leaves.min()))
+        assert beta == edp.config.prioritized.beta
+    plain = Conduit(policy="off_policy", train_batch_size=8, capacity=64)
+    with plain:
+        plain.push(transitions(16))
+        plain.flush()
+        with pytest.raises(SemanticsError, match="priority_mass needs sampler='prioritized'"):
+            plain.buffer.priority_mass()

@@ -398,6 +398,15 @@ class ReplayBuffer(ExperienceBuffer):
         with self.lock:
             return self.sampler.leaf_values(slots), self.sampler.max_priority  # type: ignore[attr-defined]
 
+    def priority_mass(self) -> tuple[float, float, float]:
+        """Prioritized replay: the rows' total ``p^alpha``, its smallest term and the sampler's beta (what a draw
+        over several buffers as one needs: :mod:`conduit.distributed`)."""
+        if not self.sampler.has_priorities:
+            raise SemanticsError("priority_mass needs sampler='prioritized'")
+        with self.lock:
+            s = self.sampler
+            return float(s.tree.total), float(s.tree.min), float(s.beta)  # type: ignore[attr-defined]
+
     def restore_priorities(self, slots: np.ndarray, values: np.ndarray, max_priority: float) -> None:
         """Prioritized replay: set what :meth:`priorities_at` returned (of the same rows, now at ``slots``)."""
         if not self.sampler.has_priorities:

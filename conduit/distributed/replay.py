@@ -126,7 +126,7 @@ class ReplayShare:
                 views[META_ID].copy_(torch.from_numpy(sampled.rows.ids))
                 if prioritized:
                     leaf, _ = buf.priorities_at(sampled.rows.indices)
-                    beta = float(getattr(edp.shard.buffer.sampler, "beta", 0.0))
+                    beta = buf.priority_mass()[2]
                     views[META_WEIGHT].copy_(torch.from_numpy(smp.global_weights(leaf, low, beta)))
                 at += layout.block_bytes(n)
         recv = edp.group.exchange(send, send_sizes, recv_sizes, "pull (sampled rows)").cpu()

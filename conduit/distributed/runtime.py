@@ -452,13 +452,11 @@ class DistributedConduit:
 
 
 def _mass(buf: Any, cfg: ConduitConfig) -> tuple[float, float]:
-    """A prioritized shard's total priority mass and smallest non-zero priority (``p^alpha``).
-
-    Read from the sampler's sum-tree (public attributes; the core has no accessor for them yet)."""
+    """A prioritized shard's total priority mass and smallest non-zero priority (``p^alpha``)."""
     if buf is None or cfg.sampler is not SamplerKind.PRIORITIZED or not buf.rows:
         return 0.0, float("inf")
-    tree = buf.sampler.tree
-    return float(tree.total), float(tree.min)
+    total, low, _ = buf.priority_mass()
+    return total, low
 
 
 def _validate(cfg: ConduitConfig, routing: Routing) -> None:

@@ -1,4 +1,4 @@
-"""Lazy package exports (PEP 562): a name is imported from its module on first use.
+"""Lazy package exports (PEP 562): a name is imported from its module on first use, and so is a submodule.
 
 Why: ``conduit.cli`` is a subpackage of ``conduit``, so every ``conduit ...``
 command runs ``conduit/__init__.py`` first; importing torch there costs more
@@ -10,6 +10,7 @@ imported from its module the first time it is read.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,8 +30,10 @@ def exports(package: str, modules: Mapping[str, str]) -> tuple[Getattr, Callable
 
     def __getattr__(name: str) -> Any:
         module = where.get(name)
-        if module is None:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        if module is None:  # a submodule read as an attribute (``conduit.errors.ConfigError``) is imported too
+            if name.startswith("_") or importlib.util.find_spec(f"{package}.{name}") is None:
+                raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            return importlib.import_module(f"{package}.{name}")
         value = getattr(importlib.import_module(module), name)
         namespace[name] = value  # the next read is a plain attribute
         return value

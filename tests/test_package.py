@@ -52,6 +52,20 @@ def test_import_conduit_does_not_import_cli_frameworks_or_the_harness():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_import_conduit_is_lazy_and_every_name_and_submodule_still_resolves():
+    """``conduit --help`` must not pay for torch: ``import conduit`` imports no torch; the first public name
+    that needs it does; a submodule read as an attribute (``conduit.errors``) is imported on the spot."""
+    code = (
+        "import sys, conduit; assert 'torch' not in sys.modules, 'torch at import'; "
+        "assert conduit.errors.ConfigError.__name__ == 'ConfigError'; "
+        "assert conduit.Conduit.__name__ == 'Conduit' and 'torch' in sys.modules; "
+        "assert all(getattr(conduit, n) is not None for n in conduit.__all__); "
+        "assert set(conduit.__all__) <= set(dir(conduit))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_public_api_is_curated_and_sorted():
     import conduit
 

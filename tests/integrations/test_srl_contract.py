@@ -436,20 +436,20 @@ def test_a_tampered_pickle_fails_with_a_checkpoint_error(made):
 
 
 # -- staging memory and imports ---------------------------------------------------------------------------------------------
-def test_staging_falls_back_to_pageable_memory_without_cuda():
+def test_staging_is_pinned_where_cuda_is_and_pageable_elsewhere():
     import torch
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA: staging is pinned")
+    cuda = torch.cuda.is_available()
     staging = srl.Staging()
-    assert staging.pinned is False
+    assert staging.pinned is cuda
     block = staging.take({"obs": ((4, 2, 3), torch.float32)})["obs"]
-    assert block.shape == (4, 2, 3) and not block.is_pinned()
-    with pytest.raises(conduit.ConfigError, match="CUDA"):
-        srl.Staging(pinned=True)
+    assert block.shape == (4, 2, 3) and block.is_pinned() is cuda
+    if not cuda:  # pinning needs CUDA in torch: asked for without it, a clear refusal
+        with pytest.raises(conduit.ConfigError, match="CUDA"):
+            srl.Staging(pinned=True)
     guard = srl.HandoffGuard()
     guard.handed([block])
-    assert len(guard) == 0
+    assert len(guard) == (1 if cuda else 0)  # only pinned memory handed to an async copy needs keeping alive
 
 
 def test_importing_the_adapter_imports_no_srl_and_changes_nothing():

@@ -89,7 +89,7 @@ def test_srls_own_make_buffer_returns_conduit_buffers(srl_buffer):
 
 
 def test_srls_segment_tree_per_and_conduits_sample_the_same_distribution(srl_buffer):
-    scipy_stats = pytest.importorskip("scipy.stats")
+    import scipy.stats as scipy_stats  # a core dependency
     na = _namedarray(srl_buffer)
     n, alpha, beta, draws = 16, 0.7, 0.5, 300
     priorities = 0.2 + np.arange(n, dtype=np.float64) % 5  # 0.2 .. 4.2

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("verl")
-torch = pytest.importorskip("torch")
-
-from conduit.integrations.verl.delivery import EARLY_COLUMNS, MultimodalDedup, RankStager, tensor_bytes  # noqa: E402
-from verl import DataProto  # noqa: E402
+import torch
+from conduit.integrations.verl.delivery import EARLY_COLUMNS, MultimodalDedup, RankStager, tensor_bytes
+from verl import DataProto
 
 
 @pytest.mark.parametrize("dp,micro", [(2, 3), (4, 2), (3, 5)])

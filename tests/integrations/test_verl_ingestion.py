@@ -15,13 +15,12 @@ import numpy as np
 import pytest
 
 pytest.importorskip("verl")
-torch = pytest.importorskip("torch")
-
-from conduit.integrations.verl.ingest import AdvantageSpec, StageFns, run_conduit, run_serial  # noqa: E402
-from conduit.integrations.verl.stages import StageProfile, StageRunner  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from verl import DataProto  # noqa: E402
-from verl.trainer.ppo import core_algos  # noqa: E402
+import torch
+from conduit.integrations.verl.ingest import AdvantageSpec, StageFns, run_conduit, run_serial
+from conduit.integrations.verl.stages import StageProfile, StageRunner
+from omegaconf import OmegaConf
+from verl import DataProto
+from verl.trainer.ppo import core_algos
 
 
 def random_batch(seed: int, groups: int, n: int, prompt: int = 6, resp: int = 10) -> DataProto:

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("verl")
 tq = pytest.importorskip("transfer_queue")
-torch = pytest.importorskip("torch")
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "verl_grpo_cpu.py"
 FIELDS = ["rm_scores", "old_log_probs", "ref_log_prob", "token_level_rewards", "advantages", "returns"]

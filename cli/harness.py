@@ -22,6 +22,7 @@ answer at once; :data:`app` itself is built on first access (PEP 562).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 import traceback
@@ -128,16 +129,18 @@ def _make_app() -> typer.Typer:
     return harness
 
 
-_built: dict[str, typer.Typer] = {}
 app: typer.Typer  # built on first access by __getattr__ below (the annotation alone binds nothing)
+
+
+@functools.cache
+def _app() -> typer.Typer:
+    return _make_app()
 
 
 def __getattr__(name: str) -> Any:
     """``app``: the harness's typer app (or its stand-in), built on first access."""
     if name == "app":
-        if "app" not in _built:
-            _built["app"] = _make_app()
-        return _built["app"]
+        return _app()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -147,7 +150,7 @@ class _LazyBench(TyperGroup):
     def make_context(
         self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
     ) -> Any:  # click's Context (typer does not re-export its type, and click is not ours to import)
-        real = typer.main.get_command(__getattr__("app"))
+        real = typer.main.get_command(_app())
         return real.make_context(info_name, args, parent=parent, **extra)
 
 

@@ -47,8 +47,10 @@ from conduit.files import read_mapping
 from conduit.scheduling.kinds import CostKind
 
 if TYPE_CHECKING:
+    from conduit.core import Schedule
     from conduit.scheduling.host import Deadline
     from conduit.scheduling.model import Costs
+    from conduit.scheduling.profiler import ProfileResult
     from conduit.scheduling.workload import SyntheticWorkload
 
 POLICIES = {"off": [Policy.OFF_POLICY], "on": [Policy.ON_POLICY], "both": [Policy.OFF_POLICY, Policy.ON_POLICY]}
@@ -237,7 +239,7 @@ def _profile_one(
 
 
 def _check(
-    w: SyntheticWorkload, result: Any, plan: Any, steps: Steps, deadline: Deadline, notes: list[str]
+    w: SyntheticWorkload, result: ProfileResult, plan: Schedule, steps: Steps, deadline: Deadline, notes: list[str]
 ) -> dict[str, Any]:
     """The plan against inline on the loop, interleaved rounds, rollout and update timed alone in the same rounds
     (a shared host's speed moves within seconds, and costs profiled a minute earlier would turn such a drift into

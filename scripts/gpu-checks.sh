@@ -50,8 +50,9 @@ step install 300 "$PY" -m pip install --no-build-isolation --no-deps --no-index 
 step gpu-tests "${GPU_TESTS_S:-240}" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests
 step gpu-check "${GPU_CHECK_S:-180}" "$PY" scripts/gpu_check.py --json "$LOG/gpu_check.json"
 step sweep "${SWEEP_S:-120}" "$PY" scripts/planner_sweep.py --json "$LOG/planner_sweep.json"
-step profile "${PROFILE_S:-100}" "$PY" -m conduit.cli.main profile --budget 80 --json
-cp "$LOG/profile.log" "$LOG/profile.json" 2>/dev/null || true
+# the JSON alone into profile.json (its progress lines go to the step's log)
+step profile "${PROFILE_S:-100}" bash -c '"$0" -m conduit.cli.main profile --budget 80 --json >"$1"' "$PY" \
+    "$LOG/profile.json"
 if [ "${SUITE:-0}" = 1 ]; then
     ignore=()
     "$PY" -c "import ray" 2>/dev/null || ignore=(--ignore=tests/integrations)

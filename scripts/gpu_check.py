@@ -272,6 +272,22 @@ def ingestion_bandwidth(dim: int, unit_rows: int, repeats: int) -> list[dict[str
     return out
 
 
+def push_pull(edp: Any, pool: list[dict[str, torch.Tensor]], repeats: int, sync: Any) -> tuple[list, list]:
+    """Seconds of each of ``repeats`` pushes (flushed) and of the pull after each (``sync``-ed)."""
+    pushes, pulls = [], []
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        edp.push(pool[r % len(pool)])
+        edp.flush()
+        t1 = time.perf_counter()
+        batch = edp.pull()
+        sync()
+        pulls.append(time.perf_counter() - t1)
+        pushes.append(t1 - t0)
+        del batch
+    return pushes, pulls
+
+
 def runtime_paths(dims: list[int], capacity: int, repeats: int) -> list[dict[str, Any]]:
     """The real runtime, learner on ``cuda:0``, rollouts in pageable host memory: push and pull per placement.
 
@@ -294,18 +310,7 @@ def runtime_paths(dims: list[int], capacity: int, repeats: int) -> list[dict[str
                     edp.push(pool[k % len(pool)])
                     edp.flush()
                     fills.append(time.perf_counter() - t0)
-                pushes, pulls = [], []
-                for r in range(repeats):
-                    t0 = time.perf_counter()
-                    edp.push(pool[r % len(pool)])
-                    edp.flush()
-                    t1 = time.perf_counter()
-                    batch = edp.pull()
-                    torch.cuda.synchronize()
-                    t2 = time.perf_counter()
-                    pushes.append(t1 - t0)
-                    pulls.append(t2 - t1)
-                    del batch
+                pushes, pulls = push_pull(edp, pool, repeats, torch.cuda.synchronize)
                 placed = str(getattr(edp.storage_policy, "active", None) or edp.storage_policy)
             push, pull = sorted(pushes)[repeats // 2], sorted(pulls)[repeats // 2]
             fill = sorted(fills)[len(fills) // 2]

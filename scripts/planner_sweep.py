@@ -21,25 +21,17 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from gpu_check import push_pull, unit  # the same unit and timing as the GPU check's per-placement table
 
 import conduit
 from conduit.errors import PlacementError
 from conduit.placement import PlacementPolicy, PlacementRequest, solve_placement, this_machine_topology
 
 UNIT, BATCH = 256, 512
-
-
-def unit(first: int, n: int, dim: int) -> dict[str, torch.Tensor]:
-    return {
-        "obs": torch.randn(n, dim), "next_obs": torch.randn(n, dim),
-        "action": torch.randint(0, 4, (n,)), "reward": torch.randn(n), "done": torch.zeros(n, dtype=torch.bool),
-        "tid": torch.arange(first, first + n),
-    }
 
 
 def sample_bytes(dim: int) -> int:
@@ -59,17 +51,7 @@ def measure(topo: Any, kind: Any, learner: str, dim: int, rows: int, repeats: in
         for k in range(rows // UNIT + 1):
             edp.push(pool[k % len(pool)])
         edp.flush()
-        pushes, pulls = [], []
-        for r in range(repeats):
-            t0 = time.perf_counter()
-            edp.push(pool[r % len(pool)])
-            edp.flush()
-            t1 = time.perf_counter()
-            batch = edp.pull()
-            sync()
-            pulls.append(time.perf_counter() - t1)
-            pushes.append(t1 - t0)
-            del batch
+        pushes, pulls = push_pull(edp, pool, repeats, sync)
         placed = str(getattr(policy, "active", None) or policy)
     push, pull = statistics.median(pushes), statistics.median(pulls)
     return {"placed": placed, "push_s": push, "pull_s": pull, "measured_s": push + pull,

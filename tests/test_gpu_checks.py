@@ -14,12 +14,19 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_planner_sweep_measures_every_feasible_candidate_and_gives_a_verdict(tmp_path) -> None:
+def _script(name: str):
+    """A module of scripts/ (they import each other by name, as when run from there)."""
+    import importlib
+
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        import planner_sweep
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "scripts"))
+
+
+def test_the_planner_sweep_measures_every_feasible_candidate_and_gives_a_verdict(tmp_path) -> None:
+    planner_sweep = _script("planner_sweep")
     out = tmp_path / "sweep.json"
     assert planner_sweep.main(["--dims", "8", "64", "10000000", "--capacity", "2048", "--measure-rows", "1024",
                                "--repeats", "3", "--json", str(out)]) == 0
@@ -47,11 +54,7 @@ def test_gpu_checks_without_cuda_says_so_and_exits_0(tmp_path) -> None:
 
 
 def test_the_scaling_table_predicts_every_count_next_to_the_papers_figures(tmp_path) -> None:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import scaling_table
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    scaling_table = _script("scaling_table")
     out = tmp_path / "scaling.json"
     assert scaling_table.main(["--setup", "a100", "--json", str(out)]) == 0
     (doc,) = json.loads(out.read_text())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["Deadline", "ForeignLoad", "busy_and_total_ticks"]
@@ -68,14 +69,16 @@ class Deadline:
     :meth:`share` of this deadline: a budget is kept by never starting a step it cannot afford.
     """
 
-    def __init__(self, seconds: float, clock: object = time.monotonic, _longest: list[float] | None = None) -> None:
+    def __init__(
+        self, seconds: float, clock: Callable[[], float] = time.monotonic, _longest: list[float] | None = None
+    ) -> None:
         self.clock = clock
         self.seconds = seconds
         self.start = self._now()
         self._longest = [0.0] if _longest is None else _longest
 
     def _now(self) -> float:
-        return float(self.clock())  # type: ignore[operator]
+        return float(self.clock())
 
     @property
     def spent(self) -> float:

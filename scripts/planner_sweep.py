@@ -9,7 +9,8 @@ candidate's kind (``PlacementPolicy(kinds=[kind])``) on a ring of ``--measure-ro
 pull does not depend on the ring's length, the memory it takes does): a DQN-like experience path, a unit of
 256 transitions pushed and a batch of 512 pulled per iteration, inline, synchronized; medians of
 ``--repeats``. Beside each, the model's time for the same iteration (``256 x T_ingest + 512 x T_deliver`` per
-sample) and its ratio to the measured one. The closing line is the verdict:
+sample at the host rates measured at this row size, plus the runtime's fixed cost per push and pull) and its
+ratio to the measured one. The closing line is the verdict:
 ``planner choice = fastest measured candidate at every dim: yes/no`` (a dimension at which nothing holds
 ``--capacity`` transitions on this machine is reported and left out). Runs on any machine: on a CPU-only
 one the host tiers are the candidates (here, pageable host memory alone).
@@ -34,8 +35,13 @@ from conduit.placement import PlacementPolicy, PlacementRequest, solve_placement
 UNIT, BATCH = 256, 512
 
 
+def row_bytes(dim: int) -> list[int]:
+    """The bytes of one transition's row in each column (each is written and gathered by its own call)."""
+    return [int(v[0].numel() * v.element_size()) for v in unit(0, 1, dim).values()]
+
+
 def sample_bytes(dim: int) -> int:
-    return sum(int(v[0].numel() * v.element_size()) for v in unit(0, 1, dim).values())
+    return sum(row_bytes(dim))
 
 
 def measure(topo: Any, kind: Any, learner: str, dim: int, rows: int, repeats: int) -> dict[str, Any]:
@@ -66,7 +72,8 @@ def sweep(dims: list[int], capacity: int, rows: int, repeats: int) -> dict[str, 
     for dim in dims:
         x = sample_bytes(dim)
         try:
-            result = solve_placement(topo, PlacementRequest(actors="cpu", learners=learner, capacity=capacity), x)
+            request = PlacementRequest(actors="cpu", learners=learner, capacity=capacity)
+            result = solve_placement(topo, request, x, row_bytes=row_bytes(dim))
         except PlacementError as exc:  # nothing holds capacity x sample size here: said, not counted
             out.append({"dim": dim, "sample_bytes": x, "chosen": None, "infeasible": str(exc)})
             print(f"dim {dim:6d} ({x:,} B): no placement holds {capacity:,} of them on this machine")
@@ -76,8 +83,10 @@ def sweep(dims: list[int], capacity: int, rows: int, repeats: int) -> dict[str, 
             if not e.feasible:
                 continue
             m = measure(topo, e.placement.kind, learner, dim, rows, repeats)
-            model = UNIT * e.ingest_seconds + BATCH * e.deliver_seconds
+            model = e.iteration_seconds(UNIT, BATCH)
+            model_push = UNIT * e.ingest_seconds + e.push_call_seconds
             candidates.append({"placement": str(e.placement), "kind": e.placement.kind.value, "model_s": model,
+                               "model_push_s": model_push, "model_pull_s": model - model_push,
                                "model_over_measured": model / m["measured_s"], **m})
             if learner.startswith("cuda"):
                 torch.cuda.empty_cache()
@@ -91,7 +100,8 @@ def sweep(dims: list[int], capacity: int, rows: int, repeats: int) -> dict[str, 
         for c in candidates:
             print(f"    {c['placement']:28s} measured {c['measured_s'] * 1e3:8.3f} ms "
                   f"[{c['spread_s'][0] * 1e3:.3f}-{c['spread_s'][1] * 1e3:.3f}] (push {c['push_s'] * 1e3:.3f}, "
-                  f"pull {c['pull_s'] * 1e3:.3f}); model {c['model_s'] * 1e3:8.3f} ms, "
+                  f"pull {c['pull_s'] * 1e3:.3f}); model {c['model_s'] * 1e3:8.3f} ms (push "
+                  f"{c['model_push_s'] * 1e3:.3f}, pull {c['model_pull_s'] * 1e3:.3f}), "
                   f"model/measured {c['model_over_measured']:.2f}")
     verdict = f"planner choice = fastest measured candidate at every dim: {'yes' if agree else 'no'}"
     print(verdict)

@@ -24,6 +24,17 @@ overstates.
 Free GPU memory comes from ``torch.cuda.mem_get_info`` before any buffer is
 allocated.
 
+The host rates also depend on the row size (per-row work against bandwidth) and
+on whether a unit or a batch stays in the cache, so they are measured the way the
+runtime runs them at each of :data:`ROW_SIZES` (``host_write_by_row``: a unit of
+:data:`WRITE_UNIT` rows written by the storage class into successive slots of a
+ring, from :data:`SOURCE_UNITS` units in turn; ``host_gather_by_row``: a batch of :data:`DELIVERY_BATCH` random rows
+gathered out of it), each net of the fixed cost of one such call on rows of 4 B.
+The runtime's own fixed cost per push and per pull, and what each further column
+adds (``push_call_s`` ..., :meth:`Node.call_seconds`), are timed on the real
+runtime (:class:`conduit.Conduit`, rows of one float, one and
+:data:`CALL_COLUMNS` columns). The model reads both at the workload's rows.
+
 Delivery onto each GPU is also measured the way the runtime runs it
 (``gpu_gather``, ``host_deliver_to_gpu``, ``pinned_deliver_to_gpu``): a training
 batch of ``DELIVERY_BATCH`` random rows gathered by the real storage class
@@ -50,7 +61,9 @@ from conduit.errors import PlacementError
 from conduit.placement.topology import Node, Topology
 from conduit.placement.units import MIB
 
-__all__ = ["GATHER_ROW_BYTES", "RING_COPIES", "cap_pageable", "host_available_bytes", "profile_topology"]
+__all__ = [
+    "GATHER_ROW_BYTES", "RING_COPIES", "ROW_SIZES", "cap_pageable", "host_available_bytes", "profile_topology",
+]
 
 #: bytes per row of the host gather (float32 rows; a transition of dimension 1,000 is ~8 KB)
 GATHER_ROW_BYTES = 8 << 10
@@ -58,6 +71,18 @@ GATHER_ROW_BYTES = 8 << 10
 RING_COPIES = 4
 #: rows in the training batch a delivery measurement gathers (the profile's default off-policy batch)
 DELIVERY_BATCH = 512
+#: rows per unit a write measurement pushes (the profile's default rollout unit)
+WRITE_UNIT = 256
+#: row sizes the host write and gather rates are measured at, bytes (a float32 row of dim 16 .. 32,768)
+ROW_SIZES = (64, 512, 4 << 10, 32 << 10, 64 << 10, 128 << 10)
+#: rollout units the write measurement takes its rows from in turn (an actor's units in flight: not all cached)
+SOURCE_UNITS = 4
+#: the fewest bytes a unit or batch of the row-size measurements moves (small rows take more of them)
+MIN_TIMED_BYTES = 1 << 20
+#: the columns of the second runtime timing (the first has one): the per-column cost is their difference
+CALL_COLUMNS = 6
+#: timed calls per runtime timing (each takes tens of microseconds)
+CALL_REPEATS = 60
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +134,19 @@ class _Timer:
                 self.truncated = len(times) < self.repeats or self.truncated
                 break
         return self.nbytes / max(statistics.median(times), 1e-9)
+
+    def seconds(self, call: Callable[[], object], repeats: int) -> float:
+        """Median seconds of ``call`` (one untimed first), at least once, within the budget."""
+        call()
+        times: list[float] = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+            if time.perf_counter() > self.deadline:
+                self.truncated = len(times) < repeats or self.truncated
+                break
+        return max(statistics.median(times), 1e-9)
 
 
 def _check(name: str, value: Any, minimum: float) -> None:
@@ -164,10 +202,13 @@ def profile_topology(
         raise PlacementError(f"gpus: expected none on a machine without CUDA, received {ordinals}")
     node_data: dict[str, Any] = {
         "host_memory_bytes": host_memory, "host_memcpy": host_memcpy, "host_gather": host_gather,
+        **_profile_host_rows(torch, timer), **_profile_calls(torch, timer),
     }
     notes.append(
         f"host memcpy into a {RING_COPIES}x ring; host gather of random {GATHER_ROW_BYTES // 1024} KiB rows out of "
-        f"it{' into pinned memory' if cuda else ''}"
+        f"it{' into pinned memory' if cuda else ''}; host writes of {WRITE_UNIT}-row units and gathers of "
+        f"{DELIVERY_BATCH}-row batches by the storage class at rows of {', '.join(map(str, ROW_SIZES))} B; the "
+        "runtime's fixed cost per push and pull"
     )
     if not cuda:
         notes.append("no CUDA device: no GPUs, and no pinned host memory (pinning needs CUDA in torch)")
@@ -221,6 +262,78 @@ def _profile_host(torch: Any, timer: _Timer, src: Any, pinned: bool) -> tuple[fl
 
     gathered = timer.bandwidth(gather, lambda: None) * (batch * GATHER_ROW_BYTES) / n
     return memcpy, gathered
+
+
+def _profile_host_rows(torch: Any, timer: _Timer) -> dict[str, list[list[float]]]:
+    """``host_write_by_row`` and ``host_gather_by_row``: the storage class's unit write and batch gather on a host
+    ring of at least ``RING_COPIES * nbytes``, per row size, each net of the same call's time on rows of 4 B."""
+    from conduit.spec import ExperienceSpec
+    from conduit.storage import TensorStorage
+
+    gen = torch.Generator().manual_seed(0)
+
+    def timings(row: int, least_bytes: int = MIN_TIMED_BYTES) -> tuple[float, float, int, int]:
+        cols = max(1, row // 4)
+        # small rows in bigger units and batches (at least MIN_TIMED_BYTES), so that a rate is not noise over
+        # a fixed cost; such units and batches stay in the cache either way
+        unit_rows = max(WRITE_UNIT, -(-least_bytes // row))
+        batch_rows = max(DELIVERY_BATCH, -(-least_bytes // row))
+        rows = max(4 * max(batch_rows, unit_rows), -(-RING_COPIES * timer.nbytes // (cols * 4)))
+        storage = TensorStorage(ExperienceSpec.of(obs=((cols,), "float32")), rows, "cpu")
+        try:
+            storage.write(0, {"obs": torch.ones(rows, cols)})  # touch every page before timing
+            units = [{"obs": torch.full((unit_rows, cols), float(k))} for k in range(SOURCE_UNITS)]
+            out = {"obs": torch.empty(batch_rows, cols)}  # the runtime's recycled batch memory
+            slots, at = rows // unit_rows, [0]
+
+            def write() -> None:
+                storage.write((at[0] % slots) * unit_rows, units[at[0] % SOURCE_UNITS])
+                at[0] += 1
+
+            def gather() -> None:
+                storage.gather(torch.randint(0, rows, (batch_rows,), generator=gen), out=out)
+
+            repeats = max(timer.repeats, 15 if row >= 4096 else 45)
+            return timer.seconds(write, repeats), timer.seconds(gather, repeats), unit_rows, batch_rows
+        finally:
+            storage.close()
+
+    write0, gather0, _, _ = timings(4, 0)  # the fixed cost: a unit and a batch of the runtime's sizes
+    table: dict[str, list[list[float]]] = {"host_write_by_row": [], "host_gather_by_row": []}
+    for row in ROW_SIZES:
+        w, g, unit_rows, batch_rows = timings(row)
+        # net of the fixed cost, never below a twentieth of the call: noise must not make a rate infinite
+        table["host_write_by_row"].append([row, unit_rows * row / max(w - write0, w / 20)])
+        table["host_gather_by_row"].append([row, batch_rows * row / max(g - gather0, g / 20)])
+    return table
+
+
+def _profile_calls(torch: Any, timer: _Timer) -> dict[str, float]:
+    """The real runtime's fixed seconds per push and per pull (rows of one float), and per further column."""
+    from conduit.config import ConduitConfig
+    from conduit.runtime import Conduit
+
+    def timings(columns: int) -> tuple[float, float]:
+        config = ConduitConfig(policy="off_policy", train_batch_size=DELIVERY_BATCH, capacity=4 * DELIVERY_BATCH,
+                               learner_device="cpu", storage_device="cpu", seed=0,
+                               min_size_to_sample=DELIVERY_BATCH)
+        unit = {f"c{i}": torch.ones(WRITE_UNIT, 1) for i in range(columns)}
+        with Conduit(config) as edp:
+            for _ in range(4 * DELIVERY_BATCH // WRITE_UNIT):
+                edp.push(unit)
+            edp.flush()
+
+            def push() -> None:
+                edp.push(unit)
+                edp.flush()
+
+            return timer.seconds(push, CALL_REPEATS), timer.seconds(edp.pull, CALL_REPEATS)
+
+    push1, pull1 = timings(1)
+    push_n, pull_n = timings(CALL_COLUMNS)
+    per = CALL_COLUMNS - 1
+    return {"push_call_s": push1, "pull_call_s": pull1,
+            "push_column_s": max(0.0, push_n - push1) / per, "pull_column_s": max(0.0, pull_n - pull1) / per}
 
 
 def _profile_deliveries(torch: Any, timer: _Timer, ordinals: list[int]) -> dict[str, list[float]]:

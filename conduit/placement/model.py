@@ -12,6 +12,16 @@ Transfer model, per sample of ``x`` bytes::
 ``BW(s -> l)`` of the delivery leg is :meth:`Topology.deliver_bandwidth`: a copy
 rate, or, for rows in host memory where the topology measured a gather rate, the
 gather and the copy one after the other (sampled rows are scattered).
+``BW(a -> s)`` is :meth:`Topology.ingest_bandwidth`. Where the sample's column
+sizes (``rows``) are given, both read the host write and gather rates the node
+measured at those row sizes (:mod:`conduit.placement.rates`); the model is then
+linear in ``x`` for that layout of columns.
+
+Beside the per-byte legs the runtime has a fixed cost per call (a push, a pull:
+Python, locks, one write or gather call per column), the same whatever the
+placement on one node: :meth:`Node.call_seconds`. Per sample it vanishes with the
+unit and batch sizes, so Alg. 1 compares the per-byte legs alone; an iteration's
+modeled time adds it (:meth:`CandidateEvaluation.iteration_seconds`).
 
 A written sample lands on shard ``s`` with probability ``share_s`` and a sampled
 one is read from ``s`` with the same probability, so both legs are *expected
@@ -87,10 +97,17 @@ class ShardFit:
         return self.required_bytes <= self.usable_bytes
 
 
-def device_cost(topology: Topology, device: str, actors: Sequence[str], learners: Sequence[str]) -> DeviceCost:
-    """Per-byte ingest and deliver seconds of a shard on ``device`` (mean over endpoints)."""
-    ingest = math.fsum(1.0 / topology.bandwidth(a, device) for a in actors) / len(actors)
-    deliver = math.fsum(1.0 / topology.deliver_bandwidth(device, lr) for lr in learners) / len(learners)
+def device_cost(
+    topology: Topology,
+    device: str,
+    actors: Sequence[str],
+    learners: Sequence[str],
+    rows: Sequence[int] | None = None,
+) -> DeviceCost:
+    """Per-byte ingest and deliver seconds of a shard on ``device`` (mean over endpoints) for samples whose
+    columns have ``rows`` bytes each (``None``: row-size-independent rates)."""
+    ingest = math.fsum(1.0 / topology.ingest_bandwidth(a, device, rows) for a in actors) / len(actors)
+    deliver = math.fsum(1.0 / topology.deliver_bandwidth(device, lr, rows) for lr in learners) / len(learners)
     return DeviceCost(ingest=ingest, deliver=deliver)
 
 
@@ -101,17 +118,18 @@ def placement_cost(
     learners: Sequence[str],
     sample_bytes: float,
     costs: Mapping[str, DeviceCost] | None = None,
+    rows: Sequence[int] | None = None,
 ) -> TransferTime:
     """``T_transfer`` of ``placement`` for samples of ``sample_bytes`` (expected time over shards).
 
     ``costs`` may carry precomputed :func:`device_cost` values (the solver
-    computes each device once per call).
+    computes each device once per call); ``rows`` as in :func:`device_cost`.
     """
     ingest = deliver = 0.0
     for shard in placement.shards:
         c = costs[shard.device] if costs is not None and shard.device in costs else None
         if c is None:
-            c = device_cost(topology, shard.device, actors, learners)
+            c = device_cost(topology, shard.device, actors, learners, rows)
         ingest += shard.share * c.ingest
         deliver += shard.share * c.deliver
     return TransferTime(ingest_seconds=ingest * sample_bytes, deliver_seconds=deliver * sample_bytes)

@@ -44,11 +44,20 @@ class CandidateEvaluation:
     ingest_seconds: float
     deliver_seconds: float
     shards: tuple[ShardFit, ...]
+    push_call_seconds: float = 0.0
+    """The runtime's fixed seconds per push, whatever its size (:meth:`Node.call_seconds`)."""
+    pull_call_seconds: float = 0.0
+    """The runtime's fixed seconds per pull."""
 
     @property
     def transfer_seconds(self) -> float:
         """``T_transfer(p)`` per sample."""
         return self.ingest_seconds + self.deliver_seconds
+
+    def iteration_seconds(self, unit_rows: int, batch_rows: int) -> float:
+        """Modeled seconds of one push of ``unit_rows`` samples and one pull of ``batch_rows``."""
+        return (unit_rows * self.ingest_seconds + batch_rows * self.deliver_seconds
+                + self.push_call_seconds + self.pull_call_seconds)
 
     @property
     def required_bytes(self) -> int:
@@ -91,26 +100,43 @@ def _check_sample_bytes(sample_bytes: int) -> None:
         raise PlacementError(f"sample_bytes: expected an integer >= 1, received {sample_bytes!r}")
 
 
+def _check_rows(rows: Sequence[int], sample_bytes: int) -> tuple[int, ...]:
+    out = tuple(rows)
+    if not out or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in out) or sum(out) != sample_bytes:
+        raise PlacementError(
+            f"row_bytes: expected the sample's column sizes, integers >= 1 summing to sample_bytes "
+            f"({sample_bytes}), received {list(out)}"
+        )
+    return out
+
+
 def evaluate_candidates(
     topology: Topology,
     request: PlacementRequest,
     sample_bytes: int,
     candidates: Sequence[Placement] | None = None,
+    row_bytes: Sequence[int] | None = None,
 ) -> tuple[CandidateEvaluation, ...]:
-    """Model every candidate (default: :func:`build_candidates`) for samples of ``sample_bytes``."""
+    """Model every candidate (default: :func:`build_candidates`) for samples of ``sample_bytes``.
+
+    ``row_bytes``: the sample's column sizes (each column is written and gathered by its own call), which
+    select the host rates measured at those row sizes and count the calls; ``None``: one column.
+    """
     _check_sample_bytes(sample_bytes)
+    rows = _check_rows(row_bytes, sample_bytes) if row_bytes is not None else (sample_bytes,)
     actors = endpoint_ids(topology, request.actors, "actors")
     learners = endpoint_ids(topology, request.learners, "learners")
     pool = build_candidates(topology, request) if candidates is None else tuple(candidates)
+    push_call, pull_call = topology.nodes[topology.device(learners[0]).node].call_seconds(len(rows))
     costs: dict[str, DeviceCost] = {}
     out: list[CandidateEvaluation] = []
     for p in pool:
         for d in p.devices:
             if d not in costs:
-                costs[d] = device_cost(topology, topology.canonical_id(d), actors, learners)
-        t = placement_cost(topology, p, actors, learners, sample_bytes, costs)
+                costs[d] = device_cost(topology, topology.canonical_id(d), actors, learners, rows)
+        t = placement_cost(topology, p, actors, learners, sample_bytes, costs, rows)
         fits = shard_fits(topology, p, request.capacity, sample_bytes, request.headroom)
-        out.append(CandidateEvaluation(p, t.ingest_seconds, t.deliver_seconds, fits))
+        out.append(CandidateEvaluation(p, t.ingest_seconds, t.deliver_seconds, fits, push_call, pull_call))
     return tuple(out)
 
 
@@ -157,9 +183,10 @@ def solve_placement(
     request: PlacementRequest,
     sample_bytes: int,
     candidates: Sequence[Placement] | None = None,
+    row_bytes: Sequence[int] | None = None,
 ) -> PlacementResult:
     """Eq. 1 by Alg. 1; raises :class:`PlacementError` (with the missing bytes) when nothing fits."""
-    evaluations = evaluate_candidates(topology, request, sample_bytes, candidates)
+    evaluations = evaluate_candidates(topology, request, sample_bytes, candidates, row_bytes)
     chosen = linear_scan(evaluations)
     if chosen is None:
         raise PlacementError(infeasibility_message(evaluations, request, sample_bytes))

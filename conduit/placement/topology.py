@@ -41,12 +41,14 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from conduit.errors import PlacementError
 from conduit.files import file_format, read_mapping
 from conduit.placement.explain import explain_file_errors
+from conduit.placement.rates import RateTable, check_table, effective_rate
 from conduit.placement.units import expand_unit_keys
 
 __all__ = ["Device", "DeviceKind", "Node", "Topology", "endpoint_ids"]
 
 PositiveFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 PositiveInt = Annotated[int, Field(gt=0)]
+Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
 _ID_RE = re.compile(r"^(?:node(\d+)/)?(cpu|pinned|cuda:(\d+))$")
 _GPU_VECTORS = (
@@ -144,6 +146,20 @@ class Node(_Model):
     """The same out of a pageable host ring onto that GPU (CPU gather, staging, copy: the whole pull)."""
     pinned_deliver_to_gpu: tuple[PositiveFloat, ...] | None = None
     """The same out of a pinned host ring onto that GPU."""
+    host_write_by_row: RateTable | None = None
+    """A unit of rows written into a host ring by the storage class, ``((row_bytes, bytes/s), ...)`` ascending:
+    ingestion into host memory at the workload's row size (``None``: ``host_memcpy``)."""
+    host_gather_by_row: RateTable | None = None
+    """A training batch of random rows gathered out of a host ring onto the host by the storage class, by row
+    size (``None``: ``host_gather``)."""
+    push_call_s: Seconds = 0.0
+    """The runtime's fixed seconds per push of one column, whatever its size (Python, locks, bookkeeping)."""
+    push_column_s: Seconds = 0.0
+    """The fixed seconds each further column adds to a push (one more write call)."""
+    pull_call_s: Seconds = 0.0
+    """The runtime's fixed seconds per pull of one column, whatever its size."""
+    pull_column_s: Seconds = 0.0
+    """The fixed seconds each further column adds to a pull (one more gather call)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -191,6 +207,10 @@ class Node(_Model):
             value = getattr(self, name)
             if value is not None and len(value) != g:
                 raise ValueError(f"{name}: expected {g} values (one per GPU), received {len(value)}")
+        for name in ("host_write_by_row", "host_gather_by_row"):
+            table = getattr(self, name)
+            if table is not None:
+                check_table(name, table)
         if self.pinned_deliver_to_gpu is not None and not has_pinned:
             raise ValueError("pinned_deliver_to_gpu: expected None (pinned_memory_bytes is None: no pinned memory)")
         rows = self.gpu_to_gpu
@@ -222,6 +242,11 @@ class Node(_Model):
     @property
     def has_pinned(self) -> bool:
         return self.pinned_memory_bytes is not None
+
+    def call_seconds(self, columns: int) -> tuple[float, float]:
+        """The runtime's fixed seconds of one push and one pull of ``columns`` columns."""
+        extra = max(0, columns - 1)
+        return self.push_call_s + extra * self.push_column_s, self.pull_call_s + extra * self.pull_column_s
 
 
 def _local_id(kind: DeviceKind, ordinal: int | None) -> str:
@@ -312,7 +337,21 @@ class Topology(_Model):
         assert self.inter_node is not None  # validated for multi-node topologies
         return min(self._leg_out(s), self.inter_node, self._leg_in(d))
 
-    def deliver_bandwidth(self, src: str, dst: str) -> float:
+    def ingest_bandwidth(self, src: str, dst: str, rows: Sequence[int] | None = None) -> float:
+        """Effective bytes/s of writing samples made in ``src`` into a buffer on ``dst``.
+
+        A copy (:meth:`bandwidth`), unless both are host memory of a node that measured ``host_write_by_row``
+        and the sample's column sizes ``rows`` are given: then the write rate at those rows (a ring written
+        unit by unit runs at a rate that depends on the row size and on what stays in the cache).
+        """
+        s, d = self.device(src), self.device(dst)
+        node = self.nodes[d.node]
+        host = (DeviceKind.CPU, DeviceKind.PINNED)
+        if rows and s.node == d.node and s.kind in host and d.kind in host and node.host_write_by_row:
+            return effective_rate(node.host_write_by_row, rows)
+        return self.bandwidth(src, dst)
+
+    def deliver_bandwidth(self, src: str, dst: str, rows: Sequence[int] | None = None) -> float:
         """Effective bytes/s of delivering sampled rows of a buffer on ``src`` to a learner on ``dst``.
 
         Where the node measured delivery the way the runtime runs it (``gpu_gather``, ``host_deliver_to_gpu``,
@@ -320,9 +359,11 @@ class Topology(_Model):
         GPU), that rate: raw copy rates overstate a pull of scattered rows, and by how much depends on the
         path, so Eq. 1 over copy rates placed a GPU learner's buffer in host memory where a GPU-resident one
         measured faster (issue #34). Otherwise a copy (:meth:`bandwidth`), unless the rows are in host memory
-        of a node that measured ``host_gather``: the runtime gathers them on the CPU (into pinned staging when
+        of a node that measured a gather: the runtime gathers them on the CPU (into pinned staging when
         the learner is on a GPU) and then copies the batch, one after the other, so the two times add:
-        ``1 / (1 / host_gather + 1 / copy)``, the copy being the pinned one to a GPU and none to the host.
+        ``1 / (1 / gather + 1 / copy)``, the copy being the pinned one to a GPU and none to the host. The
+        gather is ``host_gather_by_row`` at the sample's column sizes ``rows`` where both are known, else
+        ``host_gather``.
         """
         s, d = self.device(src), self.device(dst)
         node = self.nodes[s.node]
@@ -335,13 +376,15 @@ class Topology(_Model):
             }.get(s.kind)
             if measured is not None:
                 return measured[d.ordinal]
-        if s.kind is DeviceKind.GPU or s.node != d.node or node.host_gather is None:
+        gather = effective_rate(node.host_gather_by_row, rows) if rows and node.host_gather_by_row else None
+        gather = gather or node.host_gather
+        if s.kind is DeviceKind.GPU or s.node != d.node or gather is None:
             return self.bandwidth(src, dst)
         if d.kind is not DeviceKind.GPU:
-            return node.host_gather
+            return gather
         assert d.ordinal is not None
         pinned = node.pinned_to_gpu[d.ordinal] if node.pinned_to_gpu is not None else node.host_to_gpu[d.ordinal]
-        return 1.0 / (1.0 / node.host_gather + 1.0 / pinned)
+        return 1.0 / (1.0 / gather + 1.0 / pinned)
 
     def _leg_out(self, dev: Device) -> float:
         node = self.nodes[dev.node]

@@ -17,7 +17,7 @@ from conduit.placement import (
     profile_topology,
     solve_placement,
 )
-from conduit.placement.live import cap_pageable, host_available_bytes
+from conduit.placement.live import ROW_SIZES, cap_pageable, host_available_bytes
 from conduit.placement.solver import TIE_TOLERANCE
 
 CUDA = torch.cuda.is_available()
@@ -32,6 +32,11 @@ def test_profile_is_fast_and_valid(tmp_path: Path) -> None:
     node = topo.nodes[0]
     assert node.host_memcpy > 1e8  # > 0.1 GB/s on any machine
     assert node.host_gather is not None and node.host_gather > 1e8
+    for table in (node.host_write_by_row, node.host_gather_by_row):  # measured at every row size, ascending
+        assert table is not None and [r for r, _ in table] == list(ROW_SIZES)
+        assert all(v > 1e8 for _, v in table)
+    assert node.push_call_s > 0 and node.pull_call_s > 0  # the real runtime's fixed cost per call
+    assert node.push_column_s >= 0 and node.pull_column_s >= 0
     assert node.host_memory_bytes == pytest.approx(host_available_bytes(), rel=0.5)
     assert any("median of 5" in n for n in topo.notes)
     path = tmp_path / "live.yaml"

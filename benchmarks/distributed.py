@@ -5,6 +5,10 @@ RLlib-style central buffer vs local sampling, side by side in one run.
   filled by its own actors; each learner pulls its batch drawn over every shard (``all_to_all`` of rows).
 - **global g=4** — the same, with delivery granularity 4 (``pinned={"delivery_granularity": 4}``, as on
   one process): one exchange draws four batches per learner, each its own draw, at most four pulls stale.
+- **global, planned** — the same, ``plan="auto"``: the ranks measure every delivery mode (inline or
+  overlapped on the collective lane, ``g`` in 1, 2, 4) on this loop and keep the one that beats inline
+  ``g = 1`` by more than the noise (:mod:`conduit.distributed.plan`); the windows start after that
+  decision, and the table says what it kept.
 - **local** — the same group, ``sampling="local"``: each learner samples its own shard, no exchange.
 - **central** — the RLlib shape with ``num_learners=N``: one buffer (a single-process
   ``conduit.Conduit``, the fastest one here) in the driver samples every learner's batch, ``ray.put``s it
@@ -62,11 +66,15 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> N
 
     torch.set_num_threads(1)
     launch.init_process_group(rank, world, port, timeout_s=120)
+    auto = args.get("plan") == "auto"
+    pinned = {} if auto else {"delivery_granularity": args.get("g", 1), "delivery_overlap": False}
     edp = cd.Conduit(policy="off_policy", train_batch_size=args["batch"], capacity=args["rows"] * world,
                      sampler=args["sampler"], sampling=args["sampling"], seed=rank, timeout_s=120,
-                     pinned={"delivery_granularity": args.get("g", 1), "delivery_overlap": False})
+                     plan="auto" if auto else "prior", pinned=pinned)
     for start in range(0, args["rows"], 1000):
         edp.push(_rows(min(1000, args["rows"] - start), rank * args["rows"] + start))
+    while auto and not edp.delivery_plan():  # the probe: every mode measured, one kept by the whole group
+        _touch(edp.pull())
     for _ in range(args["warmup"]):
         _touch(edp.pull())
     windows = []
@@ -78,23 +86,26 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> N
         windows.append(args["batch"] * args["iters"] / (time.perf_counter() - t0))
     every = edp.group.gather_object(windows, "bench: results")
     if rank == 0:
-        Path(out).write_text(json.dumps(every))
+        Path(out).write_text(json.dumps({"windows": every, "mode": str(edp.delivery_mode),
+                                         "plan": edp.delivery_plan()}))
     edp.close()
     dist.destroy_process_group()
 
 
-def run_group(world: int, sampling: str, args: dict[str, Any], g: int = 1) -> list[float]:
-    """Per window: rows/s per learner (mean over the ranks) of ``world`` spawned ranks."""
+def run_group(world: int, sampling: str, args: dict[str, Any], g: int = 1, plan: str = "prior") -> dict[str, Any]:
+    """Per window: rows/s per learner (mean over the ranks) of ``world`` spawned ranks; the mode it ran in."""
     from conduit.distributed import launch
 
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
-        mp.spawn(_rank, args=(world, launch.free_port(), {**args, "sampling": sampling, "g": g}, out), nprocs=world)
-        per_rank = json.loads(Path(out).read_text())
-    return [float(np.mean(w)) for w in zip(*per_rank, strict=True)]
+        mp.spawn(_rank, args=(world, launch.free_port(), {**args, "sampling": sampling, "g": g, "plan": plan}, out),
+                 nprocs=world)
+        got = json.loads(Path(out).read_text())
+    windows = [float(np.mean(w)) for w in zip(*got["windows"], strict=True)]
+    return {"windows": windows, "mode": got["mode"], "plan": got["plan"]}
 
 
-def run_central(world: int, args: dict[str, Any]) -> list[float]:
+def run_central(world: int, args: dict[str, Any]) -> dict[str, Any]:
     """Per window: rows/s per learner with one driver-side buffer shipping batches through Ray's object store."""
     import ray
 
@@ -133,7 +144,7 @@ def run_central(world: int, args: dict[str, Any]) -> list[float]:
             windows.append(args["batch"] * args["iters"] / (time.perf_counter() - t0))
     for lr in learners:
         ray.kill(lr)
-    return windows
+    return {"windows": windows, "mode": "central", "plan": []}
 
 
 def _summary(windows: list[float]) -> dict[str, float]:
@@ -161,9 +172,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         for world in ns.worlds:
             res = {"central": run_central(world, args), "global": run_group(world, "global", args),
+                   "global planned": run_group(world, "global", args, plan="auto"),
                    f"global g={ns.g}": run_group(world, "global", args, ns.g),
                    "local": run_group(world, "local", args)}
-            results["worlds"][world] = {k: {"windows": v, **_summary(v)} for k, v in res.items()}
+            results["worlds"][world] = {k: {**v, **_summary(v["windows"])} for k, v in res.items()}
     finally:
         ray.shutdown()
     print(f"rows/s delivered per learner; batch {ns.batch}, rows of {DIM * 4 + 12} B, {ns.sampler}; "
@@ -174,6 +186,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cells = [f"{r[k]['median']:>9,.0f} [{r[k]['min']:,.0f}-{r[k]['max']:,.0f}]" for k in cols]
         ratios = ", ".join(f"{k} {r[k]['median'] / r['central']['median']:.2f}x" for k in cols[1:])
         print(" | ".join([f"{world:>5}", *(f"{c:>30}" for c in cells), ratios]))
+        print(f"      planned: kept {r['global planned']['mode']}; probe (ms per pull): "
+              + ", ".join(f"{p['mode']} {float(p['median_s']) * 1e3:.2f}" for p in r["global planned"]["plan"]))
     if ns.json is not None:
         ns.json.write_text(json.dumps(results, indent=1))
     return results

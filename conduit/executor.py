@@ -15,6 +15,11 @@
   reuses memory another stream still reads. Without CUDA everything here is a
   no-op and paths run on plain threads.
 - :func:`wait_until` is the bounded condition wait used by push, pull and flush.
+- :class:`Lane` runs calls one at a time, in the order submitted, on one daemon
+  thread, each call's result or exception handed back as a
+  :class:`concurrent.futures.Future`: a rank's collectives run on one lane so that
+  a collective started ahead (an overlapped exchange) and the caller's next one
+  keep the program's order on every rank.
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ import contextlib
 import ctypes
 import logging
 import os
+import queue
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import NoReturn
+from concurrent.futures import Future
+from typing import Any, NoReturn
 
 import torch
 
@@ -35,6 +42,7 @@ from conduit.errors import ConduitTimeout, RuntimeClosed, RuntimeFailed, classif
 
 __all__ = [
     "FailureBox",
+    "Lane",
     "StreamOrder",
     "StreamSet",
     "Worker",
@@ -231,6 +239,49 @@ class Worker:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(max(0.0, timeout))
         return not self._thread.is_alive()
+
+
+class Lane:
+    """One daemon thread that runs submitted calls one at a time, in submission order (a Conduit worker: torch
+    ops on it keep to one OpenMP thread where :func:`serial_kernels` says so).
+
+    A daemon, unlike :class:`concurrent.futures.ThreadPoolExecutor`'s threads, so that a call blocked in a
+    collective whose peers are gone (it ends at its own timeout) never holds up the interpreter's exit.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._run, name=f"conduit-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``fn(*args)`` on the lane after every call submitted before it."""
+        future: Future[Any] = Future()
+        self._calls.put((future, fn, args))
+        return future
+
+    @property
+    def current(self) -> bool:
+        """Whether the calling thread is this lane's."""
+        return threading.current_thread() is self._thread
+
+    def _run(self) -> None:
+        _local.worker = True
+        _local.serial = not one_intra_op_thread()
+        while (item := self._calls.get()) is not None:
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def close(self) -> None:
+        """End the thread after the calls already submitted (returns at once)."""
+        self._calls.put(None)
 
 
 class StreamSet:

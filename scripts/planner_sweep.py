@@ -30,7 +30,8 @@ from gpu_check import push_pull, unit  # the same unit and timing as the GPU che
 
 import conduit
 from conduit.errors import PlacementError
-from conduit.placement import PlacementPolicy, PlacementRequest, solve_placement, this_machine_topology
+from conduit.placement import PlacementPolicy, PlacementRequest, profile_topology, solve_placement
+from conduit.scheduling.calls import runtime_call_costs
 
 UNIT, BATCH = 256, 512
 
@@ -65,7 +66,7 @@ def measure(topo: Any, kind: Any, learner: str, dim: int, rows: int, repeats: in
 
 
 def sweep(dims: list[int], capacity: int, rows: int, repeats: int) -> dict[str, Any]:
-    topo = this_machine_topology()
+    topo = profile_topology(name="this_machine", calls=runtime_call_costs)
     learner = "cuda:0" if topo.gpus(0) else "cpu"
     out: list[dict[str, Any]] = []
     agree = True

@@ -21,6 +21,12 @@ before raising :class:`RankFailed`:
 The first failure is latched: every later call on any runtime using this group
 raises the same error (the process groups are unusable after a failed
 collective).
+
+**Collectives started ahead.** :meth:`RankGroup.ahead` runs a function that
+calls this group's collectives (an overlapped exchange) on the group's lane
+(:class:`conduit.executor.Lane`), while the caller goes on; every collective the
+caller starts afterwards, through any method here, first waits for it. So the
+collectives of every rank keep the program's order, whoever calls them.
 """
 
 from __future__ import annotations
@@ -31,13 +37,15 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from conduit.errors import RuntimeFailed
-from conduit.executor import FailureBox, process_alive
+from conduit.errors import ConduitTimeout, RuntimeFailed
+from conduit.executor import FailureBox, Lane, process_alive
 
 __all__ = ["RankFailed", "RankGroup"]
 
@@ -72,6 +80,8 @@ class RankGroup:
             )
         self.timeout = float(timeout)
         self.failure = FailureBox()
+        self._lane: Lane | None = None
+        self._ahead: tuple[Future[Any], float] | None = None  # the call started ahead, and its deadline
         ranks = None if group is None else dist.get_process_group_ranks(group)
         td = datetime.timedelta(seconds=self.timeout)
         backend = "nccl" if "nccl" in str(rows_backend or dist.get_backend(group)) else "gloo"
@@ -98,6 +108,32 @@ class RankGroup:
             host = "127.0.0.1" if peers[0]["host"] == me["host"] else peers[0]["addr"]
             self._store = dist.TCPStore(host, int(peers[0]["port"]), None, False, timeout=td)
         self.epoch = 0  # failure diagnoses of this group
+
+    # -- collectives started ahead ---------------------------------------------------------
+    def ahead(self, fn: Callable[..., T], *args: Any, bound_s: float) -> Future[T]:
+        """Start ``fn(*args)`` (which runs this group's collectives) on the group's lane; the caller's next
+        collective waits for it first. ``bound_s``: the longest it can take (its collectives are bounded)."""
+        if self._lane is None:
+            self._lane = Lane(f"rank{self.rank}-collectives")
+        future = self._lane.submit(fn, *args)
+        self._ahead = (future, time.monotonic() + bound_s)
+        return future
+
+    @property
+    def on_lane(self) -> bool:
+        """Whether the calling thread is the lane's (a call started ahead)."""
+        return self._lane is not None and self._lane.current
+
+    def settle(self) -> None:
+        """Wait until the call started ahead, if any, has ended (its outcome is its owner's to read)."""
+        if self._ahead is None or self.on_lane:
+            return
+        future, deadline = self._ahead
+        try:
+            future.exception(timeout=max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            raise ConduitTimeout(f"rank {self.rank}: a collective started ahead did not end in its bound") from None
+        self._ahead = None
 
     # -- the collectives ---------------------------------------------------------------
     def gather(self, vec: torch.Tensor, what: str) -> torch.Tensor:
@@ -131,6 +167,7 @@ class RankGroup:
         self.failure.check()
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
+        self.settle()
         self.failure.check()
         try:
             return fn()
@@ -176,8 +213,11 @@ class RankGroup:
         return RankFailed(f"rank {self.rank}", exc, named, detail)
 
     def close(self) -> None:
-        """Drop the store connection (the process groups belong to torch.distributed until it is destroyed)."""
+        """Drop the store connection (the process groups belong to torch.distributed until it is destroyed) and
+        end the lane after its call in flight."""
         self._store = None
+        if self._lane is not None:
+            self._lane.close()
 
 
 def _multi_host() -> bool:

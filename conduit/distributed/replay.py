@@ -12,14 +12,21 @@ that moves routed units and priority updates
 4. one ``all_to_all_single`` moves every block (:mod:`conduit.distributed.exchange`); each learner
    concatenates its pieces into its batch on its device and runs the delivery hook.
 
-With delivery granularity ``g`` (``ConduitConfig(pinned=...)``, as on one process) one exchange draws
-``g`` batches per learner, each batch its own draw: fewer collectives, batches at most ``g`` pulls stale.
+With delivery granularity ``g`` one exchange draws ``g`` batches per learner, each batch its own draw:
+fewer collectives, batches at most ``g - 1`` pulls older. Overlapped, the next exchange starts on the rank's
+collective lane (:class:`conduit.executor.Lane`) as soon as the last drawn batch is handed out, and runs
+while the learner computes; any other collective of the caller waits for it first, so every rank keeps one
+order of collectives. The mode is the config's (pinned knobs, else the prior: overlapped for learners on a
+GPU), or chosen by measuring the loop (``plan="auto"``, :mod:`conduit.distributed.plan`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from fractions import Fraction
 from typing import Any
 
@@ -27,15 +34,22 @@ import numpy as np
 import torch
 
 from conduit.batch import Batch, BatchInfo, DrawnRows
+from conduit.config import ConduitConfig
 from conduit.core import Mode, SamplerKind
 from conduit.distributed import sampling as smp
 from conduit.distributed.exchange import META_ID, META_SLOT, META_WEIGHT, RowLayout, blocks, put
+from conduit.distributed.plan import DeliveryMode, DeliveryPlanner
 from conduit.errors import ConduitTimeout, SemanticsError
+
+log = logging.getLogger("conduit")
 
 #: the rank's :class:`~conduit.distributed.runtime.DistributedConduit` (not imported: it imports this module)
 DistributedConduit = Any
 
-__all__ = ["GIVE_UP", "HEAD", "INSERTED", "MASS", "MIN", "ROWS", "SPEC", "ReplayShare", "ShardedBatch"]
+__all__ = [
+    "GIVE_UP", "HEAD", "INSERTED", "MASS", "MIN", "ROWS", "SPEC", "ReplayShare", "ShardedBatch", "shard_config",
+    "shard_mass",
+]
 
 #: the state vector every rank contributes to a sync: these columns, then one outbox size per rank
 ROWS, MASS, MIN, SPEC, INSERTED, GIVE_UP = range(6)
@@ -54,21 +68,61 @@ class ShardedBatch(Batch):
 
 
 class ReplayShare:
-    """This rank's draws: batches drawn ahead (``g`` per exchange) and the counters their info carries."""
+    """This rank's draws: batches drawn ahead (``g`` per exchange), the exchange in flight when overlapped, and
+    the counters their info carries."""
 
-    def __init__(self, edp: DistributedConduit) -> None:
+    def __init__(self, edp: DistributedConduit, mode: DeliveryMode, planner: DeliveryPlanner | None) -> None:
         self.edp = edp
+        self.mode = mode
+        self.planner = planner
         self.ready: deque[ShardedBatch] = deque()
+        self.pending: Future[list[ShardedBatch]] | None = None
         self.pulls = 0
         self.exchanges = 0
 
     def pull(self, timeout: float) -> ShardedBatch:
+        local = self.edp.sampling.value == "local"
+        if self.planner is not None and not local:
+            self.mode = self.planner.tick(time.perf_counter())
+            if self.planner.deciding:
+                self.drain(timeout)
+                self.mode = self._decide(self.planner)
         if not self.ready:
-            local = self.edp.sampling.value == "local"
-            self.ready.extend(self._draw_local() if local else self._draw_global(timeout))
+            if self.pending is not None:
+                self.drain(timeout)
+            else:
+                self.ready.extend(self._draw_local() if local else self._draw_global(timeout, self.mode.g))
         batch = self.ready.popleft()
+        batch.info = batch.info._replace(pull_index=self.pulls)  # drawn ahead (g > 1, overlap): handed out now
         self.pulls += 1
+        if self.mode.overlap and not local and not self.ready:
+            bound = timeout + 4 * self.edp.config.timeout_s  # the wait for rows, then at most four collectives
+            self.pending = self.edp.group.ahead(self._draw_global, timeout, self.mode.g, bound_s=bound)
         return batch
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Wait for the exchange in flight (its batches join the ready ones): before any other collective."""
+        if self.pending is None or self.edp.group.on_lane:
+            return
+        future, self.pending = self.pending, None
+        wait = (self.edp.config.timeout_s if timeout is None else timeout) + 4 * self.edp.config.timeout_s
+        try:
+            self.ready.extend(future.result(timeout=wait))
+        except FutureTimeout:
+            raise ConduitTimeout(
+                f"rank {self.edp.rank}: the overlapped exchange did not end within {wait:.3g}s"
+            ) from None
+
+    def _decide(self, planner: DeliveryPlanner) -> DeliveryMode:
+        """Collective, at the same pull on every rank: gather the probe's windows and keep the plan."""
+        edp = self.edp
+        shape = planner.times.shape
+        got = edp.group.gather(torch.from_numpy(planner.times.reshape(-1).copy()), "plan (probe windows)")
+        mode = planner.decide(got.numpy().reshape(edp.world, *shape))
+        if edp.rank == 0:
+            log.info("conduit.distributed: delivery plan %s (%s)", mode,
+                     ", ".join(f"{r['mode']} {float(r['median_s']) * 1e3:.3f} ms/pull" for r in planner.report()))
+        return mode
 
     def _draw_local(self) -> list[ShardedBatch]:
         edp = self.edp
@@ -78,16 +132,16 @@ class ReplayShare:
             raise SemanticsError(f"rank {edp.rank}'s shard holds {buf.rows} rows: too few to sample (local mode)")
         B = edp.config.train_batch_size
         out = []
-        for _ in range(edp.g):
+        for _ in range(self.mode.g):
             s = buf.sample(B)
             weights = s.weights
             data = edp.deliver({k: v.to(edp.device) for k, v in s.data.items()})
-            info = self._info(s.rows, weights, s.version)
+            info = self._info(s.rows, weights, s.version, Mode(False, Fraction(self.mode.g)))
             out.append(ShardedBatch(data, info, np.full(B, edp.rank, dtype=np.int64)))
         self.exchanges += 1
         return out
 
-    def _draw_global(self, timeout: float) -> list[ShardedBatch]:
+    def _draw_global(self, timeout: float, g: int) -> list[ShardedBatch]:
         edp = self.edp
         deadline = time.monotonic() + timeout
         while True:
@@ -101,7 +155,7 @@ class ReplayShare:
                 )
             time.sleep(0.01)
         assert edp.shard is not None and edp.shard.buffer is not None and edp.spec is not None
-        W, g, B = edp.world, edp.g, edp.config.train_batch_size
+        W, B = edp.world, edp.config.train_batch_size
         prioritized = edp.config.sampler is SamplerKind.PRIORITIZED
         wants = [B] * (W * g)  # row r * g + k: requester r's k-th batch
         counts = (smp.prioritized_counts(edp.shared_rng, wants, state[:, MASS]) if prioritized
@@ -146,18 +200,39 @@ class ReplayShare:
             rows = DrawnRows(cols.pop(META_SLOT).numpy(), cols.pop(META_ID).numpy())
             weights = cols.pop(META_WEIGHT).numpy() if prioritized else None
             data = edp.deliver({f: t.to(edp.device, non_blocking=True) for f, t in cols.items()})
-            out.append(ShardedBatch(data, self._info(rows, weights, version), owners))
+            out.append(ShardedBatch(data, self._info(rows, weights, version, Mode(self.mode.overlap, Fraction(g))),
+                                    owners))
         self.exchanges += 1
         return out
 
-    def _info(self, rows: DrawnRows, weights: np.ndarray | None, version: int) -> BatchInfo:
+    def _info(self, rows: DrawnRows, weights: np.ndarray | None, version: int, mode: Mode) -> BatchInfo:
         edp = self.edp
         return BatchInfo(
             learner=edp.rank, pull_index=self.pulls, sampled_at_pull=self.pulls, buffer_version=version,
             iteration=self.exchanges, epoch=None, minibatch=None, num_minibatches=None, last=False,
-            rows=rows, weights=weights, mode=Mode(False, Fraction(self.edp.g)), version_at_delivery=version,
+            rows=rows, weights=weights, mode=mode, version_at_delivery=version,
         )
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def shard_mass(buf: Any, cfg: ConduitConfig) -> tuple[float, float]:
+    """A prioritized shard's total priority mass and smallest non-zero priority (``p^alpha``)."""
+    if buf is None or cfg.sampler is not SamplerKind.PRIORITIZED or not buf.rows:
+        return 0.0, float("inf")
+    total, low, _ = buf.priority_mass()
+    return total, low
+
+
+def shard_config(cfg: ConduitConfig, capacity: int, rank: int, device: str) -> ConduitConfig:
+    """The config of one rank's shard: its capacity, one learner, delivery inline (this module draws)."""
+    d = cfg.model_dump()
+    pinned = {**d["pinned"], "delivery_overlap": False, "delivery_granularity": "1"}
+    d.update(
+        capacity=capacity, train_batch_size=min(cfg.train_batch_size, capacity), num_learners=1,
+        learner_device=device, min_size_to_sample=None, pinned=pinned,
+        seed=None if cfg.seed is None else cfg.seed * 1_000_003 + rank + 1,
+    )
+    return ConduitConfig(**d)

@@ -13,7 +13,7 @@
 
 **The shard** is a single-process :class:`conduit.Conduit` over this rank's share
 of ``capacity`` (equal, or ``shares=`` such as the placement's multi-node split,
-:mod:`conduit.distributed.plan`): ingestion hooks, validation, the replay ring
+:func:`conduit.distributed.sampling.shard_capacities`): ingestion hooks, validation, the replay ring
 and its sampler are the core's own, unchanged.
 
 **Which calls are collective.** ``pull`` (global sampling), ``minibatches``,
@@ -69,7 +69,8 @@ from conduit.core import Policy, SamplerKind
 from conduit.distributed import sampling as smp
 from conduit.distributed.exchange import dumps, loads
 from conduit.distributed.group import RankGroup
-from conduit.distributed.replay import HEAD, ROWS, SPEC, ReplayShare, ShardedBatch
+from conduit.distributed.plan import DeliveryMode, DeliveryPlanner, candidates
+from conduit.distributed.replay import HEAD, ROWS, SPEC, ReplayShare, ShardedBatch, shard_config, shard_mass
 from conduit.errors import ConfigError, SemanticsError, SpecError
 from conduit.hooks import HookKind, HookRegistry, Reader, Writer
 from conduit.runtime import Conduit
@@ -123,7 +124,10 @@ class DistributedConduit:
         group: the learners' process group (default: the world). Construction is collective over it.
         sampling: ``"global"`` (default) or ``"local"`` (:class:`Sampling`).
         routing: ``"local"`` (default), ``"round_robin"`` or ``"proportional"`` (:class:`Routing`).
-        shares: each rank's share of ``capacity`` (default equal), e.g. ``plan.shares_for(...)``.
+        shares: each rank's share of ``capacity`` (default equal), e.g. a placement's capacity split.
+        plan: off-policy delivery's schedule: ``"prior"`` (default; the config's pinned knobs, else overlapped
+            for learners on a GPU and inline on the CPU, ``g = 1``) or ``"auto"`` (measured on the running
+            loop, the same rule as one process's planner: :mod:`conduit.distributed.plan`).
         spec: the experience spec, when known up front.
         registry: the hooks (default: a fresh registry filled by ``@edp.register_*``).
     """
@@ -136,10 +140,13 @@ class DistributedConduit:
         sampling: Sampling | str = Sampling.GLOBAL,
         routing: Routing | str = Routing.LOCAL,
         shares: list[float] | tuple[float, ...] | None = None,
+        plan: str = "prior",
         spec: ExperienceSpec | None = None,
         registry: HookRegistry | None = None,
         **fields: Any,
     ) -> None:
+        if plan not in ("prior", "auto"):
+            raise ConfigError(f"plan: expected 'prior' or 'auto', received {plan!r}")
         if config is not None and fields:
             raise ConfigError(f"pass either a ConduitConfig or config fields, not both (got {sorted(fields)})")
         cfg = config if config is not None else ConduitConfig(**fields)
@@ -171,10 +178,15 @@ class DistributedConduit:
             self.capacities = smp.shard_capacities(cfg.capacity, self.world, shares)
             self._share = np.asarray(self.capacities, dtype=np.float64) / sum(self.capacities)
             self._routed = np.zeros(self.world, dtype=np.float64)
-            shard_cfg = _shard_config(cfg, self.capacities[self.rank], self.rank, str(self.device))
+            shard_cfg = shard_config(cfg, self.capacities[self.rank], self.rank, str(self.device))
             self.shard: Conduit | None = Conduit(shard_cfg, spec=spec, registry=self.registry)
             self.on_policy = None
-            self.replay: ReplayShare | None = ReplayShare(self)
+            prior = cfg.default_schedule().delivery
+            auto = plan == "auto" and self.sampling is Sampling.GLOBAL
+            self.replay: ReplayShare | None = ReplayShare(
+                self, DeliveryMode(bool(prior.overlap), int(prior.granularity)),
+                DeliveryPlanner(candidates(cfg)) if auto else None,
+            )
         else:
             from conduit.distributed.onpolicy import OnPolicyShare
 
@@ -182,7 +194,6 @@ class DistributedConduit:
             self.shard = None
             self.on_policy = OnPolicyShare(self)
             self.replay = None
-        self.g = int(cfg.default_schedule().delivery.granularity) if cfg.policy is Policy.OFF_POLICY else 1
 
     # -- hooks -----------------------------------------------------------------------------
     def register_ingestion(self, input: str = "Actor", output: str = "ExperienceBuffer") -> Any:
@@ -268,6 +279,8 @@ class DistributedConduit:
         """Collective: move routed units and queued priority updates to their shards, then exchange every
         shard's state; returns the ``[world, fields]`` matrix of it (live rows, priority mass, ...)."""
         self.start()
+        if self.replay is not None:
+            self.replay.drain()  # an overlapped exchange in flight goes first (a no-op on the lane itself)
         with self._lock:
             outbox, self._outbox = self._outbox, [{"units": [], "priorities": []} for _ in range(self.world)]
             moving = self._outbox_rows
@@ -301,7 +314,7 @@ class DistributedConduit:
     def _state_vector(self, give_up: bool, sizes: list[int]) -> torch.Tensor:
         buf = self.shard.buffer if self.shard is not None else None
         rows = float(buf.rows) if buf is not None else 0.0
-        mass, low = _mass(buf, self.config)
+        mass, low = shard_mass(buf, self.config)
         head = [rows, mass, low, self.spec_key(), float(buf.inserted if buf else 0), float(give_up)]
         return torch.tensor(head + [float(s) for s in sizes], dtype=torch.float64)
 
@@ -345,6 +358,17 @@ class DistributedConduit:
             raise SemanticsError("on-policy: iterate minibatches(); pull() is off-policy replay")
         self.start()
         return self.replay.pull(self.config.timeout_s if timeout is None else timeout)
+
+    @property
+    def delivery_mode(self) -> DeliveryMode | None:
+        """Off-policy: how exchanges run now (overlapped or inline, ``g`` batches each); on-policy: ``None``."""
+        return self.replay.mode if self.replay is not None else None
+
+    def delivery_plan(self) -> list[dict[str, Any]]:
+        """``plan="auto"``: each candidate's measured seconds per pull and the one chosen (empty before the
+        decision, or under ``plan="prior"``)."""
+        planner = self.replay.planner if self.replay is not None else None
+        return planner.report() if planner is not None and planner.chosen is not None else []
 
     def deliver(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The registered delivery hook over the learner's whole batch (identity when none)."""
@@ -410,6 +434,8 @@ class DistributedConduit:
         """Collective: load a distributed checkpoint saved on any number of ranks (re-sharded where it differs)."""
         from conduit.distributed.checkpoint import restore
 
+        if self.replay is not None:
+            self.replay.drain()
         return restore(self, path)
 
     # -- introspection and lifecycle ---------------------------------------------------------------
@@ -451,14 +477,6 @@ class DistributedConduit:
                 f"sampling={self.sampling.value}, routing={self.routing.value})")
 
 
-def _mass(buf: Any, cfg: ConduitConfig) -> tuple[float, float]:
-    """A prioritized shard's total priority mass and smallest non-zero priority (``p^alpha``)."""
-    if buf is None or cfg.sampler is not SamplerKind.PRIORITIZED or not buf.rows:
-        return 0.0, float("inf")
-    total, low, _ = buf.priority_mass()
-    return total, low
-
-
 def _validate(cfg: ConduitConfig, routing: Routing) -> None:
     if cfg.policy is Policy.OFF_POLICY:
         if cfg.sampler not in (SamplerKind.UNIFORM, SamplerKind.PRIORITIZED):
@@ -468,15 +486,3 @@ def _validate(cfg: ConduitConfig, routing: Routing) -> None:
                 raise ConfigError(f"{name}: not supported across ranks yet (a single-process runtime has it)")
     elif routing is not Routing.LOCAL:
         raise ConfigError(f"routing={routing.value!r}: on-policy units stay on the rank that pushed them")
-
-
-def _shard_config(cfg: ConduitConfig, capacity: int, rank: int, device: str) -> ConduitConfig:
-    """The config of one rank's shard: its capacity, one learner, delivery inline (this module draws)."""
-    d = cfg.model_dump()
-    pinned = {**d["pinned"], "delivery_overlap": False, "delivery_granularity": "1"}
-    d.update(
-        capacity=capacity, train_batch_size=min(cfg.train_batch_size, capacity), num_learners=1,
-        learner_device=device, min_size_to_sample=None, pinned=pinned,
-        seed=None if cfg.seed is None else cfg.seed * 1_000_003 + rank + 1,
-    )
-    return ConduitConfig(**d)

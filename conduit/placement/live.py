@@ -30,10 +30,10 @@ runtime runs them at each of :data:`ROW_SIZES` (``host_write_by_row``: a unit of
 :data:`WRITE_UNIT` rows written by the storage class into successive slots of a
 ring, from :data:`SOURCE_UNITS` units in turn; ``host_gather_by_row``: a batch of :data:`DELIVERY_BATCH` random rows
 gathered out of it), each net of the fixed cost of one such call on rows of 4 B.
-The runtime's own fixed cost per push and per pull, and what each further column
-adds (``push_call_s`` ..., :meth:`Node.call_seconds`), are timed on the real
-runtime (:class:`conduit.Conduit`, rows of one float, one and
-:data:`CALL_COLUMNS` columns). The model reads both at the workload's rows.
+The model reads them at the workload's rows. The runtime's own fixed cost per
+push and per pull (``push_call_s`` ..., :meth:`Node.call_seconds`) is measured on
+the real runtime where the caller passes ``calls``
+(:func:`conduit.scheduling.calls.runtime_call_costs`).
 
 Delivery onto each GPU is also measured the way the runtime runs it
 (``gpu_gather``, ``host_deliver_to_gpu``, ``pinned_deliver_to_gpu``): a training
@@ -54,7 +54,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from conduit.errors import PlacementError
@@ -79,10 +79,6 @@ ROW_SIZES = (64, 512, 4 << 10, 32 << 10, 64 << 10, 128 << 10)
 SOURCE_UNITS = 4
 #: the fewest bytes a unit or batch of the row-size measurements moves (small rows take more of them)
 MIN_TIMED_BYTES = 1 << 20
-#: the columns of the second runtime timing (the first has one): the per-column cost is their difference
-CALL_COLUMNS = 6
-#: timed calls per runtime timing (each takes tens of microseconds)
-CALL_REPEATS = 60
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +160,7 @@ def profile_topology(
     peer: bool = True,
     pinned_fraction: float = 0.5,
     time_budget_s: float = 60.0,
+    calls: Callable[[], Mapping[str, float]] | None = None,
 ) -> Topology:
     """Measure this machine (one node): host memcpy, host<->GPU (pageable, pinned), peer copies.
 
@@ -176,6 +173,10 @@ def profile_topology(
         peer: measure GPU<->GPU copies for every ordered pair.
         pinned_fraction: share of available host memory the buffer may pin.
         time_budget_s: wall-clock budget for all measurements together.
+        calls: measures the runtime's fixed seconds per call (``push_call_s`` ...:
+            :func:`conduit.scheduling.calls.runtime_call_costs`, which the placement layer cannot import: the
+            runtime builds on it); ``None``: not measured (0). They never change a choice among candidates on
+            one node, only the modeled time of an iteration.
     """
     _check("nbytes", nbytes, 1)
     _check("warmup", warmup, 0)
@@ -202,13 +203,13 @@ def profile_topology(
         raise PlacementError(f"gpus: expected none on a machine without CUDA, received {ordinals}")
     node_data: dict[str, Any] = {
         "host_memory_bytes": host_memory, "host_memcpy": host_memcpy, "host_gather": host_gather,
-        **_profile_host_rows(torch, timer), **_profile_calls(torch, timer),
+        **_profile_host_rows(torch, timer), **(dict(calls()) if calls is not None else {}),
     }
     notes.append(
         f"host memcpy into a {RING_COPIES}x ring; host gather of random {GATHER_ROW_BYTES // 1024} KiB rows out of "
         f"it{' into pinned memory' if cuda else ''}; host writes of {WRITE_UNIT}-row units and gathers of "
-        f"{DELIVERY_BATCH}-row batches by the storage class at rows of {', '.join(map(str, ROW_SIZES))} B; the "
-        "runtime's fixed cost per push and pull"
+        f"{DELIVERY_BATCH}-row batches by the storage class at rows of {', '.join(map(str, ROW_SIZES))} B"
+        + ("; the runtime's fixed cost per push and pull" if calls is not None else "")
     )
     if not cuda:
         notes.append("no CUDA device: no GPUs, and no pinned host memory (pinning needs CUDA in torch)")
@@ -306,34 +307,6 @@ def _profile_host_rows(torch: Any, timer: _Timer) -> dict[str, list[list[float]]
         table["host_write_by_row"].append([row, unit_rows * row / max(w - write0, w / 20)])
         table["host_gather_by_row"].append([row, batch_rows * row / max(g - gather0, g / 20)])
     return table
-
-
-def _profile_calls(torch: Any, timer: _Timer) -> dict[str, float]:
-    """The real runtime's fixed seconds per push and per pull (rows of one float), and per further column."""
-    from conduit.config import ConduitConfig
-    from conduit.runtime import Conduit
-
-    def timings(columns: int) -> tuple[float, float]:
-        config = ConduitConfig(policy="off_policy", train_batch_size=DELIVERY_BATCH, capacity=4 * DELIVERY_BATCH,
-                               learner_device="cpu", storage_device="cpu", seed=0,
-                               min_size_to_sample=DELIVERY_BATCH)
-        unit = {f"c{i}": torch.ones(WRITE_UNIT, 1) for i in range(columns)}
-        with Conduit(config) as edp:
-            for _ in range(4 * DELIVERY_BATCH // WRITE_UNIT):
-                edp.push(unit)
-            edp.flush()
-
-            def push() -> None:
-                edp.push(unit)
-                edp.flush()
-
-            return timer.seconds(push, CALL_REPEATS), timer.seconds(edp.pull, CALL_REPEATS)
-
-    push1, pull1 = timings(1)
-    push_n, pull_n = timings(CALL_COLUMNS)
-    per = CALL_COLUMNS - 1
-    return {"push_call_s": push1, "pull_call_s": pull1,
-            "push_column_s": max(0.0, push_n - push1) / per, "pull_column_s": max(0.0, pull_n - pull1) / per}
 
 
 def _profile_deliveries(torch: Any, timer: _Timer, ordinals: list[int]) -> dict[str, list[float]]:

@@ -53,6 +53,38 @@ def test_global_uniform_sampling_is_one_buffers_distribution(group_runs, world):
 
 
 @pytest.mark.parametrize("world", WORLDS)
+def test_overlapped_exchanges_keep_one_buffers_distribution_beside_other_collectives(group_runs, world):
+    """Exchanges started ahead on the lane (g=2; and g=1 prioritized), ``stats()`` called while one is in
+    flight: the same distributions, the same weights, exactly once, every batch marked overlapped."""
+    uni = group_runs[world]["uniform_overlapped"]
+    _, counts = _seen_counts(uni)
+    assert counts.sum() == 40 * workers.BATCH * world
+    assert stats.chisquare(counts).pvalue > P_OK
+    assert uni["modes"] == [[True, 2]] and uni["exactly_once"]
+    pri = group_runs[world]["prioritized_overlapped"]
+    tids, counts = _seen_counts(pri)
+    a, b, eps = workers.ALPHA, workers.BETA, workers.EPS
+    p = (workers.prio(np.array(tids)) + eps) ** a
+    assert stats.chisquare(counts, counts.sum() * p / p.sum()).pvalue > P_OK
+    assert pri["modes"] == [[True, 1]] and pri["exactly_once"]
+    for r in pri["ranks"]:
+        for t, w in r["weights"].items():
+            assert w == pytest.approx((((workers.prio(int(t)) + eps) / (1 + eps)) ** a) ** -b, rel=1e-5)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_auto_plan_probes_every_candidate_and_every_rank_keeps_the_same_plan(group_runs, world):
+    res = group_runs[world]["auto_plan"]
+    first = res["ranks"][0]
+    assert len(first["plan"]) == 4  # inline and overlapped at g = 1, 2 (g_max=2)
+    assert sum(row["chosen"] for row in first["plan"]) == 1
+    assert all(row["median_s"] > 0 for row in first["plan"])
+    for r in res["ranks"]:
+        assert r["chosen"] == first["chosen"] and r["plan"] == first["plan"]  # one decision, the same everywhere
+        assert all(m == r["chosen"] for m in r["tail"])  # and every pull after it runs in it
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_local_sampling_is_not_one_buffers_distribution_on_unequal_shards(group_runs, world):
     """What ``sampling="local"`` changes (documented): each learner draws its own shard only."""
     _, counts = _seen_counts(group_runs[world]["uniform_local"])
@@ -123,22 +155,26 @@ def test_save_on_four_ranks_restores_on_two_and_continues(group_runs):
     assert res["max_weight"] <= 1.0 + 1e-6
 
 
-def test_a_rank_killed_with_sigkill_makes_the_others_raise_naming_it(tmp_path: Path):
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_a_rank_killed_or_stalled_makes_the_others_raise_naming_it(tmp_path: Path, how: str):
+    """SIGKILL: the process is gone. SIGSTOP: alive but silent, the others' exchanges overlapped on their lanes."""
     world, victim, timeout = 3, 2, 4.0
-    ctx = mp.start_processes(workers.killed, args=(world, launch.free_port(), str(tmp_path), victim),
+    ctx = mp.start_processes(workers.killed, args=(world, launch.free_port(), str(tmp_path), victim, how),
                              nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + 90
-    for p in ctx.processes:
+    others = [p for r, p in enumerate(ctx.processes) if r != victim]
+    for p in others:
         p.join(max(0.0, deadline - time.monotonic()))
     for p in ctx.processes:
-        if p.is_alive():  # pragma: no cover - a hang: fail, but leave nothing behind
+        if p.is_alive():  # the stopped victim (and, on a hang, the others: fail, but leave nothing behind)
             p.kill()
             p.join(5)
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world) if r != victim]
+    named = f"[{victim}] died" if how == "kill" else f"[{victim}] did not answer"
     for rep in reports:
         assert rep["raised"] == "RankFailed", rep
         assert victim in rep["ranks"], rep
-        assert f"[{victim}] died" in rep["message"], rep
+        assert named in rep["message"], rep
         assert rep["seconds"] < timeout + 3, rep  # the collective's timeout, the short diagnosis, slack
         assert rep["second"] is not None and rep["second"] < timeout  # latched: raises without another wait
 

@@ -84,10 +84,14 @@ def exactly_once(rank: int, world: int, routing: str, shares: list[float] | None
             "capacity": list(stats.shard_capacity)}
 
 
-def distribution(rank: int, world: int, sampler: str, sampling: str, pulls: int) -> dict[str, Any]:
+def distribution(rank: int, world: int, sampler: str, sampling: str, pulls: int, overlap: bool = False,
+                 g: int = 1) -> dict[str, Any]:
+    """Draws over unequal shards. Overlapped, a collective (``stats``) runs every few pulls, while an
+    exchange is in flight on the lane: the order of collectives must hold on every rank."""
     edp = cd.Conduit(policy="off_policy", train_batch_size=BATCH, capacity=2000 * world, sampler=sampler,
                      seed=11, timeout_s=30, sampling=sampling,
-                     prioritized=conduit.PrioritizedReplay(alpha=ALPHA, beta=BETA, eps=EPS))
+                     prioritized=conduit.PrioritizedReplay(alpha=ALPHA, beta=BETA, eps=EPS),
+                     pinned={"delivery_overlap": overlap, "delivery_granularity": g})
     tids = fill(edp, rank, 40 * (rank + 1))  # unequal shards: local sampling is not one buffer's distribution
     if sampler == "prioritized":
         set_local_priorities(edp)
@@ -95,14 +99,19 @@ def distribution(rank: int, world: int, sampler: str, sampling: str, pulls: int)
         edp.update_priorities(b, prio(b["tid"].numpy()))
     seen: list[int] = []
     weights: dict[int, float] = {}
-    for _ in range(pulls):
+    modes = set()
+    exactly_once = True
+    for k in range(pulls):
         b = edp.pull()
+        modes.add((b.info.mode.overlap, int(b.info.mode.granularity)))
+        if overlap and k % 7 == 3:
+            exactly_once &= edp.stats().exactly_once
         seen += b["tid"].tolist()
         if b.info.weights is not None:
             for t, w in zip(b["tid"].tolist(), b.info.weights.tolist(), strict=True):
                 weights[t] = w
     everything = edp.group.gather_object({"tids": tids.tolist(), "seen": seen, "weights": weights}, "test: gather")
-    out: dict[str, Any] = {"ranks": everything}
+    out: dict[str, Any] = {"ranks": everything, "modes": sorted(modes), "exactly_once": exactly_once}
     if sampler == "prioritized" and sampling == "global":
         out["cross_rank"] = _cross_rank_priorities(edp, rank, world)
         if rank == 0:
@@ -146,6 +155,23 @@ def _single_buffer_weights(tids: list[int]) -> dict[int, float]:
             s = buf.sample(BATCH)
             out.update(zip(s.data["tid"].tolist(), s.weights.tolist(), strict=True))
     return out
+
+
+def auto_plan(rank: int, world: int) -> dict[str, Any]:
+    """``plan="auto"``: the probe runs every candidate, and every rank keeps the same plan at the same pull."""
+    edp = cd.Conduit(policy="off_policy", train_batch_size=16, capacity=1000 * world, seed=5, timeout_s=30,
+                     plan="auto", g_max=2)
+    fill(edp, rank, 200)
+    probe = edp.replay.planner.probe_pulls
+    modes = []
+    for _ in range(probe + 6):
+        b = edp.pull()
+        modes.append([int(b.info.mode.overlap), int(b.info.mode.granularity)])
+    chosen = edp.delivery_mode
+    every = edp.group.gather_object({"chosen": [chosen.overlap, chosen.g], "plan": edp.delivery_plan(),
+                                     "tail": modes[probe + 2:]}, "test: gather")
+    edp.close()
+    return {"ranks": every, "probe_pulls": probe}
 
 
 def on_policy(rank: int, world: int) -> dict[str, Any]:
@@ -215,6 +241,9 @@ def scenarios(rank: int, world: int, port: int, out: str, ck: str, mode: str) ->
     res["uniform"] = distribution(rank, world, "uniform", "global", 40)
     res["uniform_local"] = distribution(rank, world, "uniform", "local", 40)
     res["prioritized"] = distribution(rank, world, "prioritized", "global", 40)
+    res["uniform_overlapped"] = distribution(rank, world, "uniform", "global", 40, overlap=True, g=2)
+    res["prioritized_overlapped"] = distribution(rank, world, "prioritized", "global", 40, overlap=True)
+    res["auto_plan"] = auto_plan(rank, world)
     res["on_policy"] = on_policy(rank, world)
     if mode == "save":
         res["save"] = save_shards(rank, world, ck)
@@ -225,15 +254,17 @@ def scenarios(rank: int, world: int, port: int, out: str, ck: str, mode: str) ->
     dist.destroy_process_group()
 
 
-def killed(rank: int, world: int, port: int, out: str, victim: int) -> None:
-    """``victim`` kills itself with SIGKILL; the others pull until they raise, and say what and when."""
+def killed(rank: int, world: int, port: int, out: str, victim: int, how: str = "kill") -> None:
+    """``victim`` kills itself with SIGKILL (``how="kill"``), or stops itself with SIGSTOP (``"stop"``: alive
+    but silent; its exchanges overlapped on the lane); the others pull until they raise, and say what and when."""
     launch.init_process_group(rank, world, port, timeout_s=60)
-    edp = cd.Conduit(policy="off_policy", train_batch_size=8, capacity=1000, seed=1, timeout_s=4)
+    edp = cd.Conduit(policy="off_policy", train_batch_size=8, capacity=1000, seed=1, timeout_s=4,
+                     pinned={"delivery_overlap": how == "stop"})
     fill(edp, rank, 32)
     edp.pull()
     if rank == victim:
         time.sleep(0.3)
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
     t0 = time.monotonic()
     report: dict[str, Any] = {"rank": rank}
     try:

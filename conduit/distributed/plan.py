@@ -1,0 +1,147 @@
+"""The delivery schedule of a sharded buffer: pinned, the prior, or chosen by measuring the running loop.
+
+Across ranks the exchange is the delivery path's transfer operator. At
+granularity ``g`` one exchange draws ``g`` batches for each learner, each its own
+draw, so a batch is at most ``g - 1`` pulls older than an inline one; overlapped,
+the next exchange runs on the rank's collective lane while the learner computes,
+so a batch is one exchange older. What either buys depends on a collective's
+cost against the learner's compute and on how many ranks share the cores, which
+only the running loop shows. So ``plan="auto"`` measures it, as the automatic
+planner does on one process (:mod:`conduit.scheduling.auto`):
+
+1. every candidate (:func:`candidates`: each power-of-two ``g`` up to ``g_max`` and
+   ``max_staleness``, inline and overlapped, within the config's pins) runs one
+   unmeasured window and then ``windows`` measured windows of ``window_pulls``
+   pulls, a multiple of every candidate's ``g`` so that each window holds whole
+   exchanges; a window's figure is its seconds per pull, the learner's compute
+   between pulls included;
+2. the ranks all-gather their windows once, and every rank applies the same rule
+   (:func:`choose`) to the same matrix, so all of them switch to the same mode
+   at the same pull: the group's figure of a window is the mean over ranks; the
+   plan is the finest candidate within the noise of the fastest, and it must beat
+   inline ``g = 1`` by more than the noise of the two
+   (:func:`conduit.scheduling.noise.beats`), or the plan is inline.
+
+Every rank switches candidates at the same pull indices, because pulls are
+collective: the sequence of collectives stays the same on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from conduit.config import ConduitConfig
+from conduit.core import as_granularity
+from conduit.scheduling.noise import Spread, beats, noise
+
+__all__ = ["DeliveryMode", "DeliveryPlanner", "candidates", "choose"]
+
+
+@dataclass(frozen=True)
+class DeliveryMode:
+    """How a rank's exchanges run: overlapped on the lane or inline, ``g`` batches per learner each."""
+
+    overlap: bool
+    g: int
+
+    def __str__(self) -> str:
+        return f"{'overlapped' if self.overlap else 'inline'} g={self.g}"
+
+
+def _order(mode: DeliveryMode) -> tuple[int, int]:
+    """Finer first, then inline before overlapped (the single-process planner's tie order)."""
+    return (mode.g, int(mode.overlap))
+
+
+def candidates(config: ConduitConfig) -> tuple[DeliveryMode, ...]:
+    """The delivery modes the config admits off-policy, finest and simplest first: inline and overlapped, at each
+    power-of-two ``g`` in its space (a probe window holds whole exchanges of every ``g``, so odd ones would
+    lengthen every window)."""
+    pin = config.pinned
+    gs = [int(g) for g in config.delivery_space if g.denominator == 1 and not int(g) & (int(g) - 1)]
+    if pin.delivery_granularity is not None:
+        gs = [int(as_granularity(pin.delivery_granularity))]
+    overlaps = [False, True] if pin.delivery_overlap is None else [bool(pin.delivery_overlap)]
+    return tuple(sorted({DeliveryMode(o, g) for o in overlaps for g in gs}, key=_order))
+
+
+def choose(modes: tuple[DeliveryMode, ...], windows: np.ndarray, margin: float) -> tuple[int, list[Spread]]:
+    """The plan's index among ``modes``, and each mode's spread, from ``windows[rank, mode, window]`` (seconds per
+    pull). Pure: the same matrix gives the same answer on every rank."""
+    per = np.asarray(windows, dtype=np.float64).mean(axis=0)
+    spreads = [Spread.of(row.tolist()) for row in per]
+    fastest = min(range(len(modes)), key=lambda i: (spreads[i].median, _order(modes[i])))
+    near = [i for i in range(len(modes))
+            if spreads[i].median - spreads[fastest].median <= noise(spreads[i], spreads[fastest], margin)]
+    pick = min(near, key=lambda i: _order(modes[i]))
+    base = 0  # the finest, simplest candidate: inline g=1 unless pinned away
+    if pick != base and not beats(spreads[pick], spreads[base], margin):
+        pick = base
+    return pick, spreads
+
+
+class DeliveryPlanner:
+    """``plan="auto"``'s probe: which mode each pull runs in until the decision (see the module docstring).
+
+    Args:
+        modes: the candidates (:func:`candidates`), the baseline first.
+        windows: measured windows per candidate.
+        window_pulls: pulls per window (rounded up to a multiple of every candidate's ``g``).
+        margin: the smallest relative gain that counts (:func:`conduit.scheduling.noise.noise`).
+    """
+
+    def __init__(self, modes: tuple[DeliveryMode, ...], windows: int = 3, window_pulls: int = 8,
+                 margin: float = 0.05) -> None:
+        if not modes:
+            raise ValueError("no delivery mode to choose from")
+        period = math.lcm(*(m.g for m in modes))
+        self.modes = modes
+        self.windows = windows
+        self.window_pulls = -(-window_pulls // period) * period
+        self.margin = margin
+        self.pulls = 0
+        self.times = np.zeros((len(modes), windows), dtype=np.float64)
+        self._window_start: float | None = None
+        self._due = False
+        self.chosen: int | None = None
+        self.spreads: list[Spread] = []
+
+    @property
+    def probe_pulls(self) -> int:
+        """Pulls the probe takes: one unmeasured and ``windows`` measured windows per candidate."""
+        return len(self.modes) * (self.windows + 1) * self.window_pulls
+
+    @property
+    def deciding(self) -> bool:
+        """Whether the group decides at this pull (the probe is over, nothing decided yet)."""
+        return self.chosen is None and self._due
+
+    def tick(self, now: float) -> DeliveryMode:
+        """At the start of each pull: close the window that ends here (if measured); this pull's mode."""
+        if self.chosen is not None:
+            return self.modes[self.chosen]
+        p, per_mode = self.pulls, self.windows + 1
+        if p % self.window_pulls == 0:
+            prev = p // self.window_pulls - 1  # the window that ends here, counted over the whole probe
+            if prev >= 0 and prev % per_mode and self._window_start is not None:
+                self.times[prev // per_mode, prev % per_mode - 1] = (now - self._window_start) / self.window_pulls
+            self._window_start = now
+        if p >= self.probe_pulls:
+            self._due = True  # every window is closed: the caller decides now (:attr:`deciding`)
+            return self.modes[-1]
+        self.pulls += 1
+        return self.modes[p // (per_mode * self.window_pulls)]
+
+    def decide(self, windows: np.ndarray) -> DeliveryMode:
+        """Apply :func:`choose` to the group's gathered ``windows[rank, mode, window]`` and keep the plan."""
+        self.chosen, self.spreads = choose(self.modes, windows, self.margin)
+        return self.modes[self.chosen]
+
+    def report(self) -> list[dict[str, object]]:
+        """Each candidate's measured seconds per pull (median, range) and whether it is the plan."""
+        return [{"mode": str(m), "overlap": m.overlap, "g": m.g, **s.to_json(), "chosen": i == self.chosen}
+                for i, (m, s) in enumerate(zip(self.modes, self.spreads, strict=False))]
+

@@ -1,0 +1,78 @@
+"""The delivery planner across ranks (pure parts): candidates, the decision rule, the probe's windows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conduit.config import ConduitConfig
+from conduit.distributed.plan import DeliveryMode, DeliveryPlanner, candidates, choose
+from conduit.executor import Lane
+
+MODES = (DeliveryMode(False, 1), DeliveryMode(True, 1), DeliveryMode(False, 2), DeliveryMode(True, 2))
+
+
+def config(**kw: object) -> ConduitConfig:
+    return ConduitConfig(policy="off_policy", train_batch_size=8, capacity=100, **kw)
+
+
+def test_candidates_are_powers_of_two_within_the_space_and_the_pins_finest_first() -> None:
+    assert candidates(config()) == (*MODES, DeliveryMode(False, 4), DeliveryMode(True, 4))  # g_max 4: 3 left out
+    assert candidates(config(max_staleness=2)) == MODES
+    assert candidates(config(pinned={"delivery_overlap": False})) == tuple(m for m in candidates(config())
+                                                                           if not m.overlap)
+    assert candidates(config(pinned={"delivery_granularity": 2})) == (DeliveryMode(False, 2), DeliveryMode(True, 2))
+
+
+def windows(*per_mode: list[float], ranks: int = 2) -> np.ndarray:
+    return np.array([list(per_mode)] * ranks, dtype=np.float64)
+
+
+def test_a_gain_inside_the_noise_keeps_inline() -> None:
+    w = windows([10.0, 11.0, 9.0], [9.6, 10.5, 8.8], [10.0, 10.0, 10.0], [10.2, 10.1, 9.9])
+    assert choose(MODES, w, 0.05)[0] == 0
+
+
+def test_a_clear_gain_is_kept_and_the_finest_within_the_noise_of_the_fastest_wins() -> None:
+    w = windows([10.0, 10.1, 9.9], [6.0, 6.1, 5.9], [5.0, 5.1, 4.9], [5.1, 5.0, 5.2])
+    pick, spreads = choose(MODES, w, 0.05)
+    assert MODES[pick] == DeliveryMode(False, 2)  # fastest; overlapped g=2 is within its noise but not finer
+    assert spreads[pick].median == pytest.approx(5.0)
+    w = windows([10.0, 10.1, 9.9], [5.05, 5.0, 5.1], [5.0, 5.1, 4.9], [4.0, 4.1, 4.2])
+    assert MODES[choose(MODES, w, 0.05)[0]] == DeliveryMode(True, 2)  # 4.1 beats everything else by more
+
+
+def test_the_group_decides_on_the_mean_over_ranks_the_same_everywhere() -> None:
+    a = np.array([[[10.0] * 3, [5.0] * 3, [9.0] * 3, [9.0] * 3], [[10.0] * 3, [15.0] * 3, [9.0] * 3, [9.0] * 3]])
+    pick, spreads = choose(MODES, a, 0.05)
+    assert spreads[1].median == pytest.approx(10.0)  # one rank fast, one slow: no gain for the group
+    assert MODES[pick] == DeliveryMode(False, 2)
+
+
+def test_the_probe_runs_each_candidate_for_whole_windows_then_asks_for_a_decision() -> None:
+    planner = DeliveryPlanner(MODES, windows=2, window_pulls=3)
+    assert planner.window_pulls == 4  # rounded up to whole exchanges of every g
+    assert planner.probe_pulls == 4 * 3 * 4
+    seen, now = [], 0.0
+    while True:
+        mode = planner.tick(now)
+        if planner.deciding:
+            break
+        seen.append(mode)
+        now += {1: 1.0, 2: 0.5}[mode.g] * (0.5 if mode.overlap else 1.0)  # seconds per pull
+    assert [seen.count(m) for m in MODES] == [12] * 4 and seen == sorted(seen, key=MODES.index)
+    assert planner.times.tolist() == [[1.0, 1.0], [0.5, 0.5], [0.5, 0.5], [0.25, 0.25]]
+    assert planner.decide(planner.times[None]) == DeliveryMode(True, 2)
+    assert planner.tick(now) == DeliveryMode(True, 2) and not planner.deciding
+    assert [r["chosen"] for r in planner.report()] == [False, False, False, True]
+
+
+def test_a_lane_runs_calls_in_order_and_hands_back_results_and_errors() -> None:
+    lane = Lane("test")
+    order: list[int] = []
+    futures = [lane.submit(order.append, k) for k in range(5)]
+    boom = lane.submit(lambda: 1 / 0)
+    assert [f.result(5) for f in futures] == [None] * 5 and order == [0, 1, 2, 3, 4]
+    assert isinstance(boom.exception(5), ZeroDivisionError)
+    assert lane.submit(lambda: lane.current).result(5) and not lane.current
+    lane.close()

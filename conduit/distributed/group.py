@@ -109,6 +109,12 @@ class RankGroup:
             self._store = dist.TCPStore(host, int(peers[0]["port"]), None, False, timeout=td)
         self.epoch = 0  # failure diagnoses of this group
 
+    @property
+    def local_ranks(self) -> int:
+        """Ranks of this group on this rank's host (this one included)."""
+        me = self.peers[self.rank]["host"]
+        return sum(1 for p in self.peers if p and p["host"] == me)
+
     # -- collectives started ahead ---------------------------------------------------------
     def ahead(self, fn: Callable[..., T], *args: Any, bound_s: float) -> Future[T]:
         """Start ``fn(*args)`` (which runs this group's collectives) on the group's lane; the caller's next

@@ -14,7 +14,9 @@
 **The shard** is a single-process :class:`conduit.Conduit` over this rank's share
 of ``capacity`` (equal, or ``shares=`` such as the placement's multi-node split,
 :func:`conduit.distributed.sampling.shard_capacities`): ingestion hooks, validation, the replay ring
-and its sampler are the core's own, unchanged.
+and its sampler are the core's own, unchanged. For a learner on a GPU its rows live where Alg. 1
+puts them over the part of the node that is the rank's alone: its GPU, or its part of the host's
+pinned or pageable memory (:mod:`conduit.distributed.shards`).
 
 **Which calls are collective.** ``pull`` (global sampling), ``minibatches``,
 ``sync``, ``stats``, ``save`` and construction: every rank calls them, in the
@@ -71,6 +73,7 @@ from conduit.distributed.exchange import dumps, loads
 from conduit.distributed.group import RankGroup
 from conduit.distributed.plan import DeliveryMode, DeliveryPlanner, candidates
 from conduit.distributed.replay import HEAD, ROWS, SPEC, ReplayShare, ShardedBatch, shard_config, shard_mass
+from conduit.distributed.shards import shard_storage
 from conduit.errors import ConfigError, SemanticsError, SpecError
 from conduit.hooks import HookKind, HookRegistry, Reader, Writer
 from conduit.runtime import Conduit
@@ -179,7 +182,8 @@ class DistributedConduit:
             self._share = np.asarray(self.capacities, dtype=np.float64) / sum(self.capacities)
             self._routed = np.zeros(self.world, dtype=np.float64)
             shard_cfg = shard_config(cfg, self.capacities[self.rank], self.rank, str(self.device))
-            self.shard: Conduit | None = Conduit(shard_cfg, spec=spec, registry=self.registry)
+            storage = shard_storage(cfg, self.device, self.capacities[self.rank], self.group.local_ranks)
+            self.shard: Conduit | None = Conduit(shard_cfg, spec=spec, registry=self.registry, storage=storage)
             self.on_policy = None
             prior = cfg.default_schedule().delivery
             auto = plan == "auto" and self.sampling is Sampling.GLOBAL

@@ -11,6 +11,24 @@ and the learner class that takes prepared tensors. For a ``PPOConfig`` it sets
 the learner class with pipelined mini-batches. Options are validated
 (:class:`~.options.ConduitRLlibOptions`); a problem raises
 :class:`conduit.ConfigError` naming the option.
+
+**Several learner actors (``num_learners >= 1``) keep one buffer, in the driver.**
+RLlib 2.60's DQN/SAC ``training_step`` (new API stack) owns the data flow: the
+driver adds the env runners' episodes to ``self.local_replay_buffer``, samples
+``total_train_batch_size`` (``train_batch_size_per_learner`` × learners) from it,
+hands the episodes to ``learner_group.update``, which splits them over the
+learner actors through Ray's object store, and feeds the TD errors the actors
+return back into the buffer's priorities. The buffer is an object of the
+driver, and ``LearnerGroup.update`` takes batches, not "sample your own". A
+buffer sharded over the learner actors (each actor a rank of
+:mod:`conduit.distributed`, pulling its batch collectively) therefore needs a
+different ``training_step``: episodes routed to the actors' shards instead of
+``add``, no driver-side ``sample``, an update call that tells each actor to pull,
+and priorities updated where the rows live. That replaces RLlib's control flow
+rather than configuring it, which this adapter does not do. With several
+learners the Conduit buffer serves the driver's sample exactly as with one
+(tested with ``num_learners=2``); learners that want sharded replay can run
+:mod:`conduit.distributed` in their own training loop.
 """
 
 from __future__ import annotations

@@ -314,3 +314,19 @@ def test_stats_says_what_is_missing():
 
     with pytest.raises(TypeError, match="enable_conduit"):
         stats(object.__new__(PPO))
+
+
+def test_dqn_with_two_learner_actors_keeps_the_single_conduit_buffer_in_the_driver():
+    """``num_learners=2``: RLlib's DQN ``training_step`` samples ``train_batch_size_per_learner x 2`` rows in the
+    driver and ``LearnerGroup.update`` splits them over the learner actors; the Conduit buffer serves that sample
+    (sharding over the actors would mean replacing ``training_step``: enable.py's docstring says why)."""
+    algo = enable_conduit(tiny_dqn().learners(num_learners=2, num_cpus_per_learner=0.5)).build_algo()
+    try:
+        results = [algo.train() for _ in range(2)]
+        got = stats(algo)
+    finally:
+        algo.stop()
+    assert results[-1]["num_env_steps_sampled_lifetime"] == 200
+    assert got.buffer is not None and got.buffer.samples > 0 and got.buffer.adds == 200
+    assert got.buffer.sampled_timesteps == 2 * 16 * got.buffer.samples  # one driver-side draw for both learners
+    assert all("default_policy" in r["learners"] for r in results)

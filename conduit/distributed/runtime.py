@@ -163,11 +163,14 @@ class DistributedConduit:
         self.spec_declared = spec
         devices = cfg.learner_devices
         self.device = torch.device(devices[self.rank] if len(devices) == self.world else devices[0])
-        seeds = self.group.gather_object(
-            cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().generate_state(1)[0]), "seeding"
-        )
+        seed = cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
+        peers = self.group.gather_object((seed, str(self.device)), "seeding")
         #: the generator every rank holds alike (request matrices, on-policy permutations)
-        self.shared_rng = np.random.default_rng([int(seeds[0]), 0x5EED])
+        self.shared_rng = np.random.default_rng([int(peers[0][0]), 0x5EED])
+        hosts = [p["host"] for p in self.group.peers]
+        #: ranks of this host whose learners share this rank's device (their shards share its memory)
+        self.device_sharers = sum(1 for r, (_, d) in enumerate(peers) if hosts[r] == hosts[self.rank]
+                                  and d == str(self.device))
         self._lock = threading.Lock()
         self._outbox: list[dict[str, list[Any]]] = [{"units": [], "priorities": []} for _ in range(self.world)]
         self._outbox_rows = 0
@@ -182,7 +185,8 @@ class DistributedConduit:
             self._share = np.asarray(self.capacities, dtype=np.float64) / sum(self.capacities)
             self._routed = np.zeros(self.world, dtype=np.float64)
             shard_cfg = shard_config(cfg, self.capacities[self.rank], self.rank, str(self.device))
-            storage = shard_storage(cfg, self.device, self.capacities[self.rank], self.group.local_ranks)
+            storage = shard_storage(cfg, self.device, self.capacities[self.rank], self.group.local_ranks,
+                                    gpu_sharers=self.device_sharers)
             self.shard: Conduit | None = Conduit(shard_cfg, spec=spec, registry=self.registry, storage=storage)
             self.on_policy = None
             prior = cfg.default_schedule().delivery

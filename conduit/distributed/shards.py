@@ -30,11 +30,12 @@ _PER_GPU = (
 )
 
 
-def rank_view(topology: Topology, ordinal: int, local_ranks: int, node: int = 0) -> Topology:
-    """``node`` of ``topology`` as one rank on it sees it: GPU ``ordinal`` alone (as ``cuda:0``), and ``1 /
-    local_ranks`` of the host's pageable and pinned memory."""
-    if local_ranks < 1:
-        raise ValueError(f"local_ranks: expected >= 1, received {local_ranks}")
+def rank_view(topology: Topology, ordinal: int, local_ranks: int, node: int = 0, gpu_sharers: int = 1) -> Topology:
+    """``node`` of ``topology`` as one rank on it sees it: GPU ``ordinal`` alone (as ``cuda:0``; ``1 / gpu_sharers``
+    of its memory where several ranks' learners share it), and ``1 / local_ranks`` of the host's pageable and
+    pinned memory."""
+    if local_ranks < 1 or gpu_sharers < 1:
+        raise ValueError(f"local_ranks, gpu_sharers: expected >= 1, received {local_ranks}, {gpu_sharers}")
     full = topology.nodes[node]
     if not 0 <= ordinal < full.gpu_count:
         raise ValueError(f"ordinal: expected a GPU of node {node} (0..{full.gpu_count - 1}), received {ordinal}")
@@ -43,6 +44,7 @@ def rank_view(topology: Topology, ordinal: int, local_ranks: int, node: int = 0)
         if data.get(key) is not None:
             data[key] = [data[key][ordinal]]
     data["gpu_to_gpu"] = [[0.0]]
+    data["gpu_memory_bytes"] = [max(1, data["gpu_memory_bytes"][0] // gpu_sharers)]
     data["host_memory_bytes"] = max(1, full.host_memory_bytes // local_ranks)
     if full.pinned_memory_bytes is not None:
         data["pinned_memory_bytes"] = max(1, full.pinned_memory_bytes // local_ranks)
@@ -52,17 +54,19 @@ def rank_view(topology: Topology, ordinal: int, local_ranks: int, node: int = 0)
 
 
 def shard_storage(
-    config: ConduitConfig, device: torch.device, capacity: int, local_ranks: int, topology: Topology | None = None
+    config: ConduitConfig, device: torch.device, capacity: int, local_ranks: int, topology: Topology | None = None,
+    gpu_sharers: int = 1,
 ) -> Any | None:
     """The storage policy of a rank's shard of ``capacity`` rows for a learner on ``device`` (``None``: the
     single-process choice: no GPU learner, or ``storage_device`` pinned). ``topology``: the machine (default:
-    :func:`~conduit.placement.this_machine_topology`, profiled once per process)."""
+    :func:`~conduit.placement.this_machine_topology`, profiled once per process); ``local_ranks`` and
+    ``gpu_sharers`` as in :func:`rank_view`."""
     if config.storage_device is not None or device.type != "cuda":
         return None
     from conduit.placement.policy import PlacementPolicy, this_machine_topology
 
     machine = topology if topology is not None else this_machine_topology()
     ordinal = device.index if device.index is not None else torch.cuda.current_device()
-    view = rank_view(machine, ordinal, local_ranks)
+    view = rank_view(machine, ordinal, local_ranks, gpu_sharers=gpu_sharers)
     return PlacementPolicy(view, actors="cpu", learners="cuda:0", capacity=capacity,
                            headroom=config.memory_headroom, device_map={"cuda:0": f"cuda:{ordinal}"})

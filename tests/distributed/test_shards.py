@@ -29,6 +29,8 @@ def test_a_rank_sees_its_gpu_alone_and_its_part_of_the_host() -> None:
     assert mine.host_memory_bytes == node.host_memory_bytes // 8
     assert mine.pinned_memory_bytes == node.pinned_memory_bytes // 8
     assert mine.host_memcpy == node.host_memcpy
+    shared = rank_view(full, ordinal=5, local_ranks=2, gpu_sharers=2)  # two ranks' learners on one GPU
+    assert shared.nodes[0].gpu_memory_bytes == (node.gpu_memory_bytes[5] // 2,)
     with pytest.raises(ValueError, match="ordinal"):
         rank_view(full, ordinal=8, local_ranks=8)
 

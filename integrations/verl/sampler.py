@@ -82,6 +82,7 @@ class ConduitAdmissionBuffer(ReplayBufferAsync):
         deadline = time.monotonic() + self.timeout_s
         metrics: dict[str, float] = {"conduit/admission_wait_s": 0.0}
         t0 = time.monotonic()
+        evicted = refilled = 0
         while True:
             self._sync_metadata_from_transfer_queue()
             steps = self.prompt_global_steps[partition_id]
@@ -94,9 +95,11 @@ class ConduitAdmissionBuffer(ReplayBufferAsync):
             decision = self.admission.offer(finished, inflight, global_steps, max_units=units)
             if decision.stale:
                 self._clear_groups(partition_id, {g.uid for g in decision.stale})
+                evicted += len(decision.stale)
             refill = len(decision.stale) + sum(decision.deficit.values())
             if refill and self.refill_fn is not None:
                 self.refill_fn(refill)
+                refilled += refill
             if decision.admitted:
                 break
             if time.monotonic() > deadline:
@@ -104,6 +107,7 @@ class ConduitAdmissionBuffer(ReplayBufferAsync):
             time.sleep(self.poll_interval)
         metrics["conduit/admission_wait_s"] = time.monotonic() - t0
         metrics["conduit/admitted_groups"] = len(decision.admitted)
-        metrics["conduit/evicted_stale_groups"] = len(decision.stale)
+        metrics["conduit/evicted_stale_groups"] = evicted  # over every poll of this call
+        metrics["conduit/refilled_groups"] = refilled
         uids = [g.uid for g in decision.admitted]
         return self._materialize_batch(partition_id, uids, dict(self.partitions[partition_id])), metrics

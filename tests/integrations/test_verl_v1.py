@@ -67,3 +67,75 @@ def test_conduit_sync_step_equals_verls_step_on_transfer_queue(example) -> None:
     # benchmark's to say: benchmarks/verl_path.py), and the parts of the path are reported in verl's metrics
     assert metrics["conduit/overlapped_stages"] == 2
     assert 0 <= metrics["conduit/exposed_path_s"] and 0 <= metrics["conduit/serial_path_s"]
+
+
+def _group(uid: str, n: int, step: int, status: str, source: str = "gsm8k") -> None:
+    """A prompt's tag and, once finished, its ``n`` trajectories, written as verl's agent loop writes them."""
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    if status == "finished":
+        keys = [f"{uid}_{s}_0" for s in range(n)]
+        fields = [{"input_ids": torch.arange(4) + s, "uid": uid} for s in range(n)]
+        tags = [{"status": "success", "global_steps": step, "data_source": source} for _ in range(n)]
+        tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
+    tq.kv_put(key=uid, partition_id="train", fields=None,
+              tag={"is_prompt": True, "status": status, "global_steps": step})
+
+
+def test_admission_buffer_polls_transfer_queue_and_admits_whole_groups_as_they_finish(example) -> None:
+    """The sampler's TransferQueue loop: groups finish out of order while ``sample`` polls; the first unit of
+    whole groups is handed over while the rest still generate; a stale group is evicted and refilled."""
+    import threading
+
+    from conduit.integrations.verl.sampler import ConduitAdmissionBuffer
+
+    n, refills = 4, []
+
+    def refill(k: int) -> None:  # verl's refill_fn submits k fresh prompts: they are pending, then generate
+        refills.append(k)
+        for i in range(k):
+            _group(f"refill{len(refills)}x{i}", n, 3, "pending")
+
+    buf = ConduitAdmissionBuffer("sync", {}, 1, "drop",
+                                 {"group_size": n, "mini_batch_groups": 2, "dp_size": 2, "batch_groups": 4,
+                                  "poll_interval": 0.01, "timeout_s": 60},
+                                 refill_fn=refill)
+    uids = [f"adm{k}" for k in range(4)]
+    for u in uids:
+        _group(u, n, 1, "running")
+    release, second_finished = threading.Event(), threading.Event()
+
+    def generation() -> None:  # groups 2 and 0 first, then (once the test says so) 3 and 1
+        for u in (uids[2], uids[0]):
+            _group(u, n, 1, "finished")
+        release.wait(60)
+        for u in (uids[3], uids[1]):
+            _group(u, n, 1, "finished")
+        second_finished.set()
+
+    t = threading.Thread(target=generation, daemon=True)
+    t.start()
+    first, m1 = buf.sample(1, "train", 4)
+    early = not second_finished.is_set()  # handed over while half the batch was still generating
+    release.set()
+    second, m2 = buf.sample(1, "train", 4)
+    t.join(60)
+    tq.kv_clear(keys=[*first.keys, *second.keys], partition_id="train")
+    groups = [sorted({k.split("_")[0] for k in b.keys}) for b in (first, second)]
+    assert early and groups == [sorted(uids[:3:2]), sorted(uids[1::2])]
+    for b in (first, second):  # whole groups, divisible by dp x mini-batch
+        assert len(b.keys) == 2 * n and all(sum(k.startswith(u + "_") for k in b.keys) == n for u in {
+            k.split("_")[0] for k in b.keys})
+    assert m1["conduit/admitted_groups"] == m2["conduit/admitted_groups"] == 2 and not refills
+
+    # a new batch at step 3: a group generated at step 1 is past the bound (1): evicted and refilled, never admitted
+    _group("old", n, 1, "finished")
+    for u in ("new0", "new1"):
+        _group(u, n, 3, "finished")
+    got, m3 = buf.sample(3, "train", 4)
+    listed = (tq.kv_list() or {}).get("train", {})
+    tq.kv_clear(keys=[*got.keys, *(k for k in listed if k.startswith("refill"))], partition_id="train")
+    assert sorted({k.split("_")[0] for k in got.keys}) == ["new0", "new1"]
+    # the stale group and the batch's missing two: refilled, and the refills count as in flight
+    assert m3["conduit/evicted_stale_groups"] == 1 and refills == [3]
+    assert not any(k == "old" or k.startswith("old_") for k in listed)  # cleared from the queue

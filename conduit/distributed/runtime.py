@@ -56,6 +56,7 @@ import math
 import threading
 import zlib
 from collections.abc import Iterator
+from concurrent import futures
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -82,8 +83,6 @@ from conduit.spec import Data, ExperienceSpec, as_tensors, rows_of
 __all__ = ["DistributedConduit", "DistributedStats", "Routing", "Sampling", "ShardedBatch"]
 
 log = logging.getLogger("conduit")
-
-# the stats vector every rank contributes to a sync: these slots, then one outbox size per rank
 
 
 class Sampling(str, Enum):
@@ -470,6 +469,9 @@ class DistributedConduit:
         self._closed = True
         for c in self._channels:
             c.close(timeout)
+        pending = self.replay.pending if self.replay is not None else None
+        if pending is not None:  # an overlapped exchange still reading the shard: let it end, bounded
+            futures.wait([pending], timeout)
         if self.shard is not None:
             self.shard.close(timeout)
         self.group.close()

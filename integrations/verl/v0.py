@@ -9,7 +9,12 @@ the old log-prob; ``fit``'s next calls to ``_compute_ref_log_prob`` and
 ``_compute_values`` on the same batch return the results already computed. Every call is the parent's own method.
 
 Why: the reference and critic passes read only generation outputs, never the
-old log-prob; when they sit on their own pools they can run beside it. Start
+old log-prob; when they sit on their own pools they can run beside it.
+
+Metrics: ``fit`` keeps its metrics dict and ``timing_raw`` to itself, so the gain
+shows in verl's own timers: ``timing_s/old_log_prob`` covers the stages run
+beside it, and ``timing_s/ref`` (and ``values``) drop to the time of handing the
+result over. The V1 trainers also report ``conduit/*`` parts of the path. Start
 it with ``verl.trainer.main_ppo.run_ppo(config, task_runner_class=...)`` and a
 TaskRunner that builds this class, or assign ``main_ppo_v0.RayPPOTrainer``.
 """

@@ -98,6 +98,16 @@ class ToyWorkerGroup:
 
     compute_ref_log_prob = compute_log_prob
 
+    # verl's separate-async trainer keeps the policy the old log-prob is computed with (pi_old) on the CPU
+    def save_model_to_cpu(self, slot: int) -> None:
+        self.saved = {**getattr(self, "saved", {}), slot: {k: v.clone() for k, v in self.model.state_dict().items()}}
+
+    def restore_model_from_cpu(self, slot: int) -> None:
+        self.model.load_state_dict(self.saved[slot])
+
+    def clear_cpu_model(self, slot: int) -> None:
+        self.saved.pop(slot, None)
+
     def update_actor(self, batch):
         data = self._get(batch, ["input_ids", "advantages", "response_mask"])
         self.opt.zero_grad()

@@ -32,8 +32,10 @@ def example(ray_session):
     tq.close()
 
 
-def one_step(mod, cls, latency: float) -> tuple[dict, dict, float]:
+def one_step(mod, cls, latency: float, mode: str = "sync") -> tuple[dict, dict, float]:
     tr = mod.build_trainer(prompts=4, n=4, dp=2, latency=latency, cls=cls)
+    if mode == "separate_async":
+        _separate_async(tr)
     mod.generate(tr.actor_rollout_wg.model, 4, 4, tr.global_steps, torch.Generator().manual_seed(7))
     metrics: dict = {}
     t0 = time.perf_counter()
@@ -45,19 +47,34 @@ def one_step(mod, cls, latency: float) -> tuple[dict, dict, float]:
     tq.kv_clear(keys=batch.keys, partition_id="train")
     if hasattr(tr, "conduit_runner"):
         tr.conduit_runner.close()
+    metrics["test/pi_old_saved"] = 0 in getattr(tr.actor_rollout_wg, "saved", {})
     return out, metrics, took
 
 
-def test_conduit_sync_step_equals_verls_step_on_transfer_queue(example) -> None:
-    from conduit.integrations.verl.v1 import ConduitPPOTrainerSync
-    from verl.trainer.ppo.v1 import PPOTrainerSync
+def _separate_async(tr) -> None:
+    """What verl's separate-async trainer sets up in ``__init__``/``_setup`` (its rollout replicas aside)."""
+    from types import SimpleNamespace
 
-    class SerialStep(ConduitPPOTrainerSync):  # verl's own _step_once, with the same toy workers
-        _step_once = PPOTrainerSync._step_once
+    tr.hybrid_rollout_config = SimpleNamespace(enable_switch=False)
+    tr.local_trigger_step, tr._step_sample_wait_seconds, tr._step_wait_samples = 0, 0.0, 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "separate_async"])
+def test_conduit_step_equals_verls_step_on_transfer_queue(example, mode: str) -> None:
+    from conduit.integrations.verl.v1 import ConduitPPOTrainerSeparateAsync, ConduitPPOTrainerSync
+    from verl.trainer.ppo.v1 import PPOTrainerSeparateAsync, PPOTrainerSync
+
+    conduit_cls, verl_cls = {"sync": (ConduitPPOTrainerSync, PPOTrainerSync),
+                             "separate_async": (ConduitPPOTrainerSeparateAsync, PPOTrainerSeparateAsync)}[mode]
+
+    class SerialStep(conduit_cls):  # verl's own _step_once, with the same toy workers
+        _step_once = verl_cls._step_once
 
     latency = 0.2
-    ref, ref_metrics, _ = one_step(example, SerialStep, latency)
-    got, metrics, _ = one_step(example, ConduitPPOTrainerSync, latency)
+    ref, ref_metrics, _ = one_step(example, SerialStep, latency, mode)
+    got, metrics, _ = one_step(example, conduit_cls, latency, mode)
+    if mode == "separate_async":  # verl's own old log-prob of that trainer ran: it keeps pi_old on the CPU
+        assert metrics["test/pi_old_saved"] and ref_metrics["test/pi_old_saved"]
     for f in FIELDS:
         assert len(ref[f]) == len(got[f]) == 16
         assert all(torch.equal(a, b) for a, b in zip(ref[f], got[f])), f

@@ -9,6 +9,9 @@ RLlib-style central buffer vs local sampling, side by side in one run.
   overlapped on the collective lane, ``g`` in 1, 2, 4) on this loop and keep the one that beats inline
   ``g = 1`` by more than the noise (:mod:`conduit.distributed.plan`); the windows start after that
   decision, and the table says what it kept.
+- with ``--train``, learners that train (an SGD step of a small MLP on every batch) rather than only read
+  their batch, inline ``g = 1`` against overlapped ``g = 1`` and planned: what overlap hides when there is
+  compute to hide the exchange behind (ms per iteration).
 - **local** — the same group, ``sampling="local"``: each learner samples its own shard, no exchange.
 - **central** — the RLlib shape with ``num_learners=N``: one buffer (a single-process
   ``conduit.Conduit``, the fastest one here) in the driver samples every learner's batch, ``ray.put``s it
@@ -60,6 +63,22 @@ def _touch(batch: Any) -> float:
     return float(sum(float(torch.as_tensor(v).float().sum()) for v in batch.values()))
 
 
+def _trainer() -> Any:
+    """A learner that trains: one SGD step of a 256-512-512-1 MLP on the batch's observations per pull."""
+    net = torch.nn.Sequential(torch.nn.Linear(DIM, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                              torch.nn.Linear(512, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+
+    def update(batch: Any) -> float:
+        loss = net(torch.as_tensor(batch["obs"])).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return update
+
+
 def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> None:
     import conduit.distributed as cd
     from conduit.distributed import launch
@@ -67,22 +86,23 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> N
     torch.set_num_threads(1)
     launch.init_process_group(rank, world, port, timeout_s=120)
     auto = args.get("plan") == "auto"
-    pinned = {} if auto else {"delivery_granularity": args.get("g", 1), "delivery_overlap": False}
+    pinned = {} if auto else {"delivery_granularity": args.get("g", 1), "delivery_overlap": args.get("overlap", False)}
+    learn = _trainer() if args.get("train") else _touch
     edp = cd.Conduit(policy="off_policy", train_batch_size=args["batch"], capacity=args["rows"] * world,
                      sampler=args["sampler"], sampling=args["sampling"], seed=rank, timeout_s=120,
                      plan="auto" if auto else "prior", pinned=pinned)
     for start in range(0, args["rows"], 1000):
         edp.push(_rows(min(1000, args["rows"] - start), rank * args["rows"] + start))
     while auto and not edp.delivery_plan():  # the probe: every mode measured, one kept by the whole group
-        _touch(edp.pull())
+        learn(edp.pull())
     for _ in range(args["warmup"]):
-        _touch(edp.pull())
+        learn(edp.pull())
     windows = []
     for _ in range(args["repeats"]):
         edp.group.barrier("bench: window start")
         t0 = time.perf_counter()
         for _ in range(args["iters"]):
-            _touch(edp.pull())
+            learn(edp.pull())
         windows.append(args["batch"] * args["iters"] / (time.perf_counter() - t0))
     every = edp.group.gather_object(windows, "bench: results")
     if rank == 0:
@@ -92,14 +112,16 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> N
     dist.destroy_process_group()
 
 
-def run_group(world: int, sampling: str, args: dict[str, Any], g: int = 1, plan: str = "prior") -> dict[str, Any]:
-    """Per window: rows/s per learner (mean over the ranks) of ``world`` spawned ranks; the mode it ran in."""
+def run_group(world: int, sampling: str, args: dict[str, Any], g: int = 1, plan: str = "prior",
+              overlap: bool = False, train: bool = False) -> dict[str, Any]:
+    """Per window: rows/s per learner (mean over the ranks) of ``world`` spawned ranks; the mode it ran in.
+    ``train``: each learner runs an SGD step on every batch (:func:`_trainer`) instead of only reading it."""
     from conduit.distributed import launch
 
+    run = {**args, "sampling": sampling, "g": g, "plan": plan, "overlap": overlap, "train": train}
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
-        mp.spawn(_rank, args=(world, launch.free_port(), {**args, "sampling": sampling, "g": g, "plan": plan}, out),
-                 nprocs=world)
+        mp.spawn(_rank, args=(world, launch.free_port(), run, out), nprocs=world)
         got = json.loads(Path(out).read_text())
     windows = [float(np.mean(w)) for w in zip(*got["windows"], strict=True)]
     return {"windows": windows, "mode": got["mode"], "plan": got["plan"]}
@@ -161,6 +183,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--g", type=int, default=4, help="batches per exchange of the 'global g=' column")
+    p.add_argument("--train", action="store_true", help="also: learners that train an MLP on each batch, inline vs "
+                   "overlapped vs planned (ms per iteration)")
     p.add_argument("--json", type=Path, default=None)
     ns = p.parse_args(argv)
     args = {k: getattr(ns, k) for k in ("batch", "rows", "sampler", "iters", "repeats", "warmup")}
@@ -176,6 +200,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    f"global g={ns.g}": run_group(world, "global", args, ns.g),
                    "local": run_group(world, "local", args)}
             results["worlds"][world] = {k: {**v, **_summary(v["windows"])} for k, v in res.items()}
+            if ns.train:
+                trained = {"inline g=1": run_group(world, "global", args, train=True),
+                           "overlapped g=1": run_group(world, "global", args, overlap=True, train=True),
+                           "planned": run_group(world, "global", args, plan="auto", train=True)}
+                results.setdefault("training", {})[world] = {k: {**v, **_summary(v["windows"])}
+                                                             for k, v in trained.items()}
     finally:
         ray.shutdown()
     print(f"rows/s delivered per learner; batch {ns.batch}, rows of {DIM * 4 + 12} B, {ns.sampler}; "
@@ -188,6 +218,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(" | ".join([f"{world:>5}", *(f"{c:>30}" for c in cells), ratios]))
         print(f"      planned: kept {r['global planned']['mode']}; probe (ms per pull): "
               + ", ".join(f"{p['mode']} {float(p['median_s']) * 1e3:.2f}" for p in r["global planned"]["plan"]))
+    for world, r in results.get("training", {}).items():  # ms per iteration: batch rows / (rows/s)
+        cells = ", ".join(f"{k} {ns.batch / v['median'] * 1e3:.2f} ms [{ns.batch / v['max'] * 1e3:.2f}-"
+                          f"{ns.batch / v['min'] * 1e3:.2f}]" for k, v in r.items())
+        print(f"training learners, {world} ranks (ms per iteration): {cells}; planned kept {r['planned']['mode']}")
     if ns.json is not None:
         ns.json.write_text(json.dumps(results, indent=1))
     return results

@@ -272,16 +272,21 @@ class Lane:
         _local.serial = not one_intra_op_thread()
         while (item := self._calls.get()) is not None:
             future, fn, args = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:
-                future.set_exception(exc)
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:
+                    future.set_exception(exc)
+            # an idle lane holds nothing: what the call reached (a process group, say) is freed by its owner's
+            # thread, never by this one while the interpreter shuts down
+            del item, future, fn, args
 
-    def close(self) -> None:
-        """End the thread after the calls already submitted (returns at once)."""
+    def close(self, timeout: float = 5.0) -> bool:
+        """End the thread after the calls already submitted and join it (bounded); True when it is gone."""
         self._calls.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join(max(0.0, timeout))
+        return not self._thread.is_alive()
 
 
 class StreamSet:

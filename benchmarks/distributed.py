@@ -32,6 +32,7 @@ other as they would on an oversubscribed node: read the ratios, not the absolute
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import statistics
@@ -83,6 +84,7 @@ def _rank(rank: int, world: int, port: int, args: dict[str, Any], out: str) -> N
     import conduit.distributed as cd
     from conduit.distributed import launch
 
+    faulthandler.enable(all_threads=True)  # a rank that dies says where, with every thread's stack
     torch.set_num_threads(1)
     launch.init_process_group(rank, world, port, timeout_s=120)
     auto = args.get("plan") == "auto"

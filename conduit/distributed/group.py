@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from conduit.errors import ConduitTimeout, RuntimeFailed
+from conduit.errors import ConduitTimeout, RuntimeClosed, RuntimeFailed
 from conduit.executor import FailureBox, Lane, process_alive
 
 __all__ = ["RankFailed", "RankGroup"]
@@ -82,6 +82,7 @@ class RankGroup:
         self.failure = FailureBox()
         self._lane: Lane | None = None
         self._ahead: tuple[Future[Any], float] | None = None  # the call started ahead, and its deadline
+        self.closed = False
         ranks = None if group is None else dist.get_process_group_ranks(group)
         td = datetime.timedelta(seconds=self.timeout)
         backend = "nccl" if "nccl" in str(rows_backend or dist.get_backend(group)) else "gloo"
@@ -173,6 +174,8 @@ class RankGroup:
         self.failure.check()
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
+        if self.closed:
+            raise RuntimeClosed(f"rank {self.rank}: {what}: the rank group is closed")
         self.settle()
         self.failure.check()
         try:
@@ -219,11 +222,15 @@ class RankGroup:
         return RankFailed(f"rank {self.rank}", exc, named, detail)
 
     def close(self) -> None:
-        """Drop the store connection (the process groups belong to torch.distributed until it is destroyed) and
-        end the lane after its call in flight."""
-        self._store = None
+        """End the lane after its call in flight, drop the store connection and this object's references to its
+        process groups: from here they belong to torch.distributed alone (``destroy_process_group`` frees them, in
+        the caller's thread), never to an object that a reference cycle keeps until the interpreter's last
+        collection, when freeing a gloo group aborts the process."""
         if self._lane is not None:
             self._lane.close()
+        self._store = None
+        self.closed = True
+        self.meta = self.rows = None  # type: ignore[assignment]
 
 
 def _multi_host() -> bool:

@@ -93,7 +93,7 @@ class DeliveryPlanner:
         margin: the smallest relative gain that counts (:func:`conduit.scheduling.noise.noise`).
     """
 
-    def __init__(self, modes: tuple[DeliveryMode, ...], windows: int = 3, window_pulls: int = 8,
+    def __init__(self, modes: tuple[DeliveryMode, ...], windows: int = 3, window_pulls: int = 16,
                  margin: float = 0.05) -> None:
         if not modes:
             raise ValueError("no delivery mode to choose from")

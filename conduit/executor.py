@@ -253,11 +253,14 @@ class Lane:
         self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = (
             queue.SimpleQueue()
         )
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"conduit-{name}", daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        """Run ``fn(*args)`` on the lane after every call submitted before it."""
+        """Run ``fn(*args)`` on the lane after every call submitted before it (refused once closed)."""
+        if self._closed:
+            raise RuntimeClosed(f"{self._thread.name}: the lane is closed")
         future: Future[Any] = Future()
         self._calls.put((future, fn, args))
         return future
@@ -283,6 +286,7 @@ class Lane:
 
     def close(self, timeout: float = 5.0) -> bool:
         """End the thread after the calls already submitted and join it (bounded); True when it is gone."""
+        self._closed = True
         self._calls.put(None)
         if self._thread is not threading.current_thread():
             self._thread.join(max(0.0, timeout))

@@ -146,7 +146,8 @@ class RankGroup:
     def gather(self, vec: torch.Tensor, what: str) -> torch.Tensor:
         """``all_gather`` of a small host vector: a ``[world, len]`` tensor."""
         out = [torch.empty_like(vec) for _ in range(self.world)]
-        self._call(what, lambda: dist.all_gather(out, vec, group=self.meta))
+        meta = self.meta  # read now: close() may clear it while a call started ahead still runs
+        self._call(what, lambda: dist.all_gather(out, vec, group=meta))
         return torch.stack(out)
 
     def exchange(self, send: torch.Tensor, send_sizes: Sequence[int], recv_sizes: Sequence[int], what: str,
@@ -162,7 +163,8 @@ class RankGroup:
 
     def gather_object(self, obj: Any, what: str) -> list[Any]:
         out: list[Any] = [None] * self.world
-        self._call(what, lambda: dist.all_gather_object(out, obj, group=self.meta))
+        meta = self.meta
+        self._call(what, lambda: dist.all_gather_object(out, obj, group=meta))
         return out
 
     def barrier(self, what: str) -> None:

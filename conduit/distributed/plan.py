@@ -17,10 +17,10 @@ planner does on one process (:mod:`conduit.scheduling.auto`):
    between pulls included;
 2. the ranks all-gather their windows once, and every rank applies the same rule
    (:func:`choose`) to the same matrix, so all of them switch to the same mode
-   at the same pull: the group's figure of a window is the mean over ranks; the
-   plan is the finest candidate within the noise of the fastest, and it must beat
-   inline ``g = 1`` by more than the noise of the two
-   (:func:`conduit.scheduling.noise.beats`), or the plan is inline.
+   at the same pull: the group's figure of a window is the mean over ranks; of
+   the candidates that beat inline ``g = 1`` by more than the noise of the two
+   (:func:`conduit.scheduling.noise.beats`), the plan is the finest within the
+   noise of the fastest; where none does, the plan is inline.
 
 Every rank switches candidates at the same pull indices, because pulls are
 collective: the sequence of collectives stays the same on every rank.
@@ -73,14 +73,12 @@ def choose(modes: tuple[DeliveryMode, ...], windows: np.ndarray, margin: float) 
     pull). Pure: the same matrix gives the same answer on every rank."""
     per = np.asarray(windows, dtype=np.float64).mean(axis=0)
     spreads = [Spread.of(row.tolist()) for row in per]
-    fastest = min(range(len(modes)), key=lambda i: (spreads[i].median, _order(modes[i])))
-    near = [i for i in range(len(modes))
-            if spreads[i].median - spreads[fastest].median <= noise(spreads[i], spreads[fastest], margin)]
-    pick = min(near, key=lambda i: _order(modes[i]))
     base = 0  # the finest, simplest candidate: inline g=1 unless pinned away
-    if pick != base and not beats(spreads[pick], spreads[base], margin):
-        pick = base
-    return pick, spreads
+    winners = [i for i in range(len(modes)) if i == base or beats(spreads[i], spreads[base], margin)]
+    fastest = min(winners, key=lambda i: (spreads[i].median, _order(modes[i])))
+    near = [i for i in winners
+            if spreads[i].median - spreads[fastest].median <= noise(spreads[i], spreads[fastest], margin)]
+    return min(near, key=lambda i: _order(modes[i])), spreads
 
 
 class DeliveryPlanner:

@@ -38,8 +38,8 @@ from conduit.config import ConduitConfig
 from conduit.core import Mode, SamplerKind
 from conduit.distributed import sampling as smp
 from conduit.distributed.exchange import META_ID, META_SLOT, META_WEIGHT, RowLayout, blocks, put
-from conduit.distributed.plan import DeliveryMode, DeliveryPlanner
-from conduit.errors import ConduitTimeout, SemanticsError
+from conduit.distributed.plan import DeliveryMode, DeliveryPlanner, candidates
+from conduit.errors import ConduitTimeout, RuntimeFailed, SemanticsError
 
 log = logging.getLogger("conduit")
 
@@ -80,6 +80,19 @@ class ReplayShare:
         self.pulls = 0
         self.exchanges = 0
 
+    @classmethod
+    def planned(cls, edp: DistributedConduit, auto: bool) -> ReplayShare:
+        """The rank's draws under the config's prior (pinned knobs, else overlapped for GPU learners, ``g = 1``),
+        or probing every mode first (``auto``, global sampling only)."""
+        cfg = edp.config
+        prior = cfg.default_schedule().delivery
+        # rows on NCCL: an exchange on the lane beside the learner's own NCCL collectives (DDP) could meet them
+        # in a different order on different ranks, which NCCL may deadlock on: overlapped only where pinned
+        lone = edp.group.rows_backend == "nccl" and cfg.pinned.delivery_overlap is None
+        modes = tuple(m for m in candidates(cfg) if not (lone and m.overlap))
+        planner = DeliveryPlanner(modes) if auto and edp.sampling.value == "global" else None
+        return cls(edp, DeliveryMode(bool(prior.overlap) and not lone, int(prior.granularity)), planner)
+
     def pull(self, timeout: float) -> ShardedBatch:
         local = self.edp.sampling.value == "local"
         if self.planner is not None and not local:
@@ -97,8 +110,14 @@ class ReplayShare:
         self.pulls += 1
         if self.mode.overlap and not local and not self.ready:
             bound = timeout + 4 * self.edp.config.timeout_s  # the wait for rows, then at most four collectives
-            self.pending = self.edp.group.ahead(self._draw_global, timeout, self.mode.g, bound_s=bound)
+            self.pending = self.edp.group.ahead(self._draw_ahead, timeout, self.mode.g, bound_s=bound)
         return batch
+
+    def _draw_ahead(self, timeout: float, g: int) -> list[ShardedBatch]:
+        """:meth:`_draw_global` on the lane: on the learner's GPU (a new thread's current device is GPU 0)."""
+        if self.edp.device.type == "cuda":
+            torch.cuda.set_device(self.edp.device)
+        return self._draw_global(timeout, g, overlap=True)
 
     def drain(self, timeout: float | None = None) -> None:
         """Wait for the exchange in flight (its batches join the ready ones): before any other collective."""
@@ -108,10 +127,13 @@ class ReplayShare:
         wait = (self.edp.config.timeout_s if timeout is None else timeout) + 4 * self.edp.config.timeout_s
         try:
             self.ready.extend(future.result(timeout=wait))
-        except FutureTimeout:
-            raise ConduitTimeout(
-                f"rank {self.edp.rank}: the overlapped exchange did not end within {wait:.3g}s"
-            ) from None
+        except BaseException as exc:
+            # latched, whatever it was: this rank's exchanges are out of step with its peers' from here on
+            if isinstance(exc, FutureTimeout):
+                exc = ConduitTimeout(f"rank {self.edp.rank}: the overlapped exchange did not end within {wait:.3g}s")
+            if isinstance(exc, RuntimeFailed):  # a collective's failure is latched already (RankFailed)
+                raise
+            raise self.edp.group.failure.set("pull (overlapped exchange)", exc) from exc
 
     def _decide(self, planner: DeliveryPlanner) -> DeliveryMode:
         """Collective, at the same pull on every rank: gather the probe's windows and keep the plan."""
@@ -141,7 +163,7 @@ class ReplayShare:
         self.exchanges += 1
         return out
 
-    def _draw_global(self, timeout: float, g: int) -> list[ShardedBatch]:
+    def _draw_global(self, timeout: float, g: int, overlap: bool = False) -> list[ShardedBatch]:
         edp = self.edp
         deadline = time.monotonic() + timeout
         while True:
@@ -200,8 +222,7 @@ class ReplayShare:
             rows = DrawnRows(cols.pop(META_SLOT).numpy(), cols.pop(META_ID).numpy())
             weights = cols.pop(META_WEIGHT).numpy() if prioritized else None
             data = edp.deliver({f: t.to(edp.device, non_blocking=True) for f, t in cols.items()})
-            out.append(ShardedBatch(data, self._info(rows, weights, version, Mode(self.mode.overlap, Fraction(g))),
-                                    owners))
+            out.append(ShardedBatch(data, self._info(rows, weights, version, Mode(overlap, Fraction(g))), owners))
         self.exchanges += 1
         return out
 

@@ -72,7 +72,7 @@ from conduit.core import Policy, SamplerKind
 from conduit.distributed import sampling as smp
 from conduit.distributed.exchange import dumps, loads
 from conduit.distributed.group import RankGroup
-from conduit.distributed.plan import DeliveryMode, DeliveryPlanner, candidates
+from conduit.distributed.plan import DeliveryMode
 from conduit.distributed.replay import HEAD, ROWS, SPEC, ReplayShare, ShardedBatch, shard_config, shard_mass
 from conduit.distributed.shards import shard_storage
 from conduit.errors import ConfigError, SemanticsError, SpecError
@@ -161,7 +161,10 @@ class DistributedConduit:
         self.registry = registry or HookRegistry()
         self.spec_declared = spec
         devices = cfg.learner_devices
-        self.device = torch.device(devices[self.rank] if len(devices) == self.world else devices[0])
+        device = torch.device(devices[self.rank] if len(devices) == self.world else devices[0])
+        if device.type == "cuda" and device.index is None:  # "cuda": this process's current GPU, named
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
         seed = cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
         peers = self.group.gather_object((seed, str(self.device)), "seeding")
         #: the generator every rank holds alike (request matrices, on-policy permutations)
@@ -188,12 +191,7 @@ class DistributedConduit:
                                     gpu_sharers=self.device_sharers)
             self.shard: Conduit | None = Conduit(shard_cfg, spec=spec, registry=self.registry, storage=storage)
             self.on_policy = None
-            prior = cfg.default_schedule().delivery
-            auto = plan == "auto" and self.sampling is Sampling.GLOBAL
-            self.replay: ReplayShare | None = ReplayShare(
-                self, DeliveryMode(bool(prior.overlap), int(prior.granularity)),
-                DeliveryPlanner(candidates(cfg)) if auto else None,
-            )
+            self.replay: ReplayShare | None = ReplayShare.planned(self, plan == "auto")
         else:
             from conduit.distributed.onpolicy import OnPolicyShare
 

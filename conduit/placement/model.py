@@ -15,7 +15,8 @@ gather and the copy one after the other (sampled rows are scattered).
 ``BW(a -> s)`` is :meth:`Topology.ingest_bandwidth`. Where the sample's column
 sizes (``rows``) are given, both read the host write and gather rates the node
 measured at those row sizes (:mod:`conduit.placement.rates`); the model is then
-linear in ``x`` for that layout of columns.
+linear in ``x`` for that layout of columns. Without them (the placement map,
+keyed by ``x`` alone) host legs keep the row-size-independent rates.
 
 Beside the per-byte legs the runtime has a fixed cost per call (a push, a pull:
 Python, locks, one write or gather call per column), the same whatever the

@@ -120,14 +120,15 @@ def evaluate_candidates(
     """Model every candidate (default: :func:`build_candidates`) for samples of ``sample_bytes``.
 
     ``row_bytes``: the sample's column sizes (each column is written and gathered by its own call), which
-    select the host rates measured at those row sizes and count the calls; ``None``: one column.
+    select the host rates measured at those row sizes and count the calls; ``None``: one column, at the
+    row-size-independent rates (``host_memcpy``, ``host_gather``), as the placement map plans.
     """
     _check_sample_bytes(sample_bytes)
-    rows = _check_rows(row_bytes, sample_bytes) if row_bytes is not None else (sample_bytes,)
+    rows = _check_rows(row_bytes, sample_bytes) if row_bytes is not None else None
     actors = endpoint_ids(topology, request.actors, "actors")
     learners = endpoint_ids(topology, request.learners, "learners")
     pool = build_candidates(topology, request) if candidates is None else tuple(candidates)
-    push_call, pull_call = topology.nodes[topology.device(learners[0]).node].call_seconds(len(rows))
+    push_call, pull_call = topology.nodes[topology.device(learners[0]).node].call_seconds(len(rows or (1,)))
     costs: dict[str, DeviceCost] = {}
     out: list[CandidateEvaluation] = []
     for p in pool:

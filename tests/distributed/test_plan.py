@@ -7,6 +7,7 @@ import pytest
 
 from conduit.config import ConduitConfig
 from conduit.distributed.plan import DeliveryMode, DeliveryPlanner, candidates, choose
+from conduit.errors import RuntimeClosed
 from conduit.executor import Lane
 
 MODES = (DeliveryMode(False, 1), DeliveryMode(True, 1), DeliveryMode(False, 2), DeliveryMode(True, 2))
@@ -42,6 +43,12 @@ def test_a_clear_gain_is_kept_and_the_finest_within_the_noise_of_the_fastest_win
     assert MODES[choose(MODES, w, 0.05)[0]] == DeliveryMode(True, 2)  # 4.1 beats everything else by more
 
 
+def test_a_finer_mode_that_does_not_beat_inline_never_hides_a_coarser_one_that_does() -> None:
+    """Overlapped g=1 is near the fastest but too noisy to beat inline; inline g=2 beats it clearly: g=2."""
+    w = windows([10.0, 10.0, 10.0], [9.4, 8.5, 10.3], [8.5, 8.5, 8.5], [9.9, 10.0, 10.1])
+    assert MODES[choose(MODES, w, 0.05)[0]] == DeliveryMode(False, 2)
+
+
 def test_the_group_decides_on_the_mean_over_ranks_the_same_everywhere() -> None:
     a = np.array([[[10.0] * 3, [5.0] * 3, [9.0] * 3, [9.0] * 3], [[10.0] * 3, [15.0] * 3, [9.0] * 3, [9.0] * 3]])
     pick, spreads = choose(MODES, a, 0.05)
@@ -75,4 +82,6 @@ def test_a_lane_runs_calls_in_order_and_hands_back_results_and_errors() -> None:
     assert [f.result(5) for f in futures] == [None] * 5 and order == [0, 1, 2, 3, 4]
     assert isinstance(boom.exception(5), ZeroDivisionError)
     assert lane.submit(lambda: lane.current).result(5) and not lane.current
-    lane.close()
+    assert lane.close()  # joined
+    with pytest.raises(RuntimeClosed, match="closed"):
+        lane.submit(order.append, 5)

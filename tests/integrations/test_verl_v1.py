@@ -108,10 +108,14 @@ def test_admission_buffer_polls_transfer_queue_and_admits_whole_groups_as_they_f
 
     n, refills = 4, []
 
+    generating: list[str] = []  # groups that finish once a refill was asked for (after the poll that asked)
+
     def refill(k: int) -> None:  # verl's refill_fn submits k fresh prompts: they are pending, then generate
         refills.append(k)
         for i in range(k):
             _group(f"refill{len(refills)}x{i}", n, 3, "pending")
+        while generating:
+            _group(generating.pop(), n, 3, "finished")
 
     buf = ConduitAdmissionBuffer("sync", {}, 1, "drop",
                                  {"group_size": n, "mini_batch_groups": 2, "dp_size": 2, "batch_groups": 4,
@@ -146,13 +150,16 @@ def test_admission_buffer_polls_transfer_queue_and_admits_whole_groups_as_they_f
     assert m1["conduit/admitted_groups"] == m2["conduit/admitted_groups"] == 2 and not refills
 
     # a new batch at step 3: a group generated at step 1 is past the bound (1): evicted and refilled, never admitted
+    # new0 and new1 finish only after the poll that evicts "old": the call's metrics must count both polls
     _group("old", n, 1, "finished")
     for u in ("new0", "new1"):
-        _group(u, n, 3, "finished")
+        _group(u, n, 3, "running")
+    generating.extend(["new1", "new0"])
     got, m3 = buf.sample(3, "train", 4)
     listed = (tq.kv_list() or {}).get("train", {})
     tq.kv_clear(keys=[*got.keys, *(k for k in listed if k.startswith("refill"))], partition_id="train")
     assert sorted({k.split("_")[0] for k in got.keys}) == ["new0", "new1"]
     # the stale group and the batch's missing two: refilled, and the refills count as in flight
-    assert m3["conduit/evicted_stale_groups"] == 1 and refills == [3]
+    assert refills == [3] and not generating
+    assert m3["conduit/evicted_stale_groups"] == 1 and m3["conduit/refilled_groups"] == 3
     assert not any(k == "old" or k.startswith("old_") for k in listed)  # cleared from the queue

@@ -49,6 +49,14 @@ def set_local_priorities(edp: cd.Conduit) -> None:
     buf.update_priorities(slots, buf.ids[slots].copy(), prio(rows["tid"].numpy()))
 
 
+def shard_leaves(edp: cd.Conduit) -> dict[int, float]:
+    """This rank's rows: transition id -> priority leaf (``p^alpha``)."""
+    buf = edp.shard.buffer
+    slots, rows = buf.oldest_first()
+    leaf, _ = buf.priorities_at(slots)
+    return dict(zip(rows["tid"].tolist(), leaf.tolist(), strict=True))
+
+
 def shard_tids(edp: cd.Conduit) -> list[int]:
     _, rows = edp.shard.buffer.oldest_first()
     return rows["tid"].tolist() if rows else []
@@ -199,11 +207,7 @@ def save_shards(rank: int, world: int, path: str) -> dict[str, Any]:
     set_local_priorities(edp)
     edp.pull()
     edp.save(path)
-    buf = edp.shard.buffer
-    slots, rows = buf.oldest_first()
-    leaf, _ = buf.priorities_at(slots)
-    mine = dict(zip(rows["tid"].tolist(), leaf.tolist(), strict=True))
-    every = edp.group.gather_object(mine, "test: gather")
+    every = edp.group.gather_object(shard_leaves(edp), "test: gather")
     stats = edp.stats()
     edp.close()
     return {"leaves": {k: v for e in every for k, v in e.items()}, "pushed": sum(stats.pushed_rows)}
@@ -213,11 +217,7 @@ def restore_shards(rank: int, world: int, path: str) -> dict[str, Any]:
     edp = cd.Conduit(policy="off_policy", train_batch_size=16, capacity=200 * 4, sampler="prioritized",
                      seed=17, timeout_s=30, prioritized=conduit.PrioritizedReplay(alpha=ALPHA, beta=BETA, eps=EPS))
     edp.restore(path)
-    buf = edp.shard.buffer
-    slots, rows = buf.oldest_first()
-    leaf, _ = buf.priorities_at(slots)
-    mine = dict(zip(rows["tid"].tolist(), leaf.tolist(), strict=True))
-    restored = edp.group.gather_object(mine, "test: gather")
+    restored = edp.group.gather_object(shard_leaves(edp), "test: gather")
     stats = edp.stats()
     fill(edp, rank, 8, base=500_000)  # continues: new rows, new draws
     seen, weights = [], []

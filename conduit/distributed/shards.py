@@ -20,14 +20,9 @@ from typing import Any
 import torch
 
 from conduit.config import ConduitConfig
-from conduit.placement.topology import Node, Topology
+from conduit.placement.topology import PER_GPU_FIELDS, Node, Topology
 
 __all__ = ["rank_view", "shard_storage"]
-
-_PER_GPU = (
-    "gpu_memory_bytes", "gpu_local", "host_to_gpu", "gpu_to_host", "pinned_to_gpu", "gpu_to_pinned", "gpu_gather",
-    "host_deliver_to_gpu", "pinned_deliver_to_gpu",
-)
 
 
 def rank_view(topology: Topology, ordinal: int, local_ranks: int, node: int = 0, gpu_sharers: int = 1) -> Topology:
@@ -40,7 +35,7 @@ def rank_view(topology: Topology, ordinal: int, local_ranks: int, node: int = 0,
     if not 0 <= ordinal < full.gpu_count:
         raise ValueError(f"ordinal: expected a GPU of node {node} (0..{full.gpu_count - 1}), received {ordinal}")
     data: dict[str, Any] = full.model_dump()
-    for key in _PER_GPU:
+    for key in PER_GPU_FIELDS:
         if data.get(key) is not None:
             data[key] = [data[key][ordinal]]
     data["gpu_to_gpu"] = [[0.0]]

@@ -51,7 +51,8 @@ PositiveInt = Annotated[int, Field(gt=0)]
 Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
 _ID_RE = re.compile(r"^(?:node(\d+)/)?(cpu|pinned|cuda:(\d+))$")
-_GPU_VECTORS = (
+#: the node tables with one value per GPU (files may give a scalar for all)
+PER_GPU_FIELDS = (
     "gpu_memory_bytes", "gpu_local", "host_to_gpu", "gpu_to_host", "pinned_to_gpu", "gpu_to_pinned", "gpu_gather",
     "host_deliver_to_gpu", "pinned_deliver_to_gpu",
 )
@@ -99,7 +100,7 @@ class Device(_Model):
 
 def _broadcast(data: dict[str, Any], gpus: int) -> None:
     """Scalars in per-GPU fields become one value per GPU; a scalar matrix fills the off-diagonal."""
-    for key in _GPU_VECTORS:
+    for key in PER_GPU_FIELDS:
         value = data.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             data[key] = [value] * gpus

@@ -49,8 +49,11 @@ def rate_at(table: RateTable, row_bytes: float) -> float:
         return table[-1][1]
     i = bisect.bisect_right(rows, row_bytes)
     (r0, v0), (r1, v1) = table[i - 1], table[i]
+    if row_bytes == r0:
+        return v0  # a measured row size reads its measured rate, not exp(log(v)) one ulp off
     f = (math.log(row_bytes) - math.log(r0)) / (math.log(r1) - math.log(r0))
-    return math.exp(math.log(v0) + f * (math.log(v1) - math.log(v0)))
+    rate = math.exp(math.log(v0) + f * (math.log(v1) - math.log(v0)))
+    return min(max(rate, min(v0, v1)), max(v0, v1))  # rounding must not leave the bracket
 
 
 def effective_rate(table: RateTable, rows: Sequence[int]) -> float:

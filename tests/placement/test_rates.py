@@ -23,14 +23,22 @@ def cpu_node(**extra: object) -> Node:
 def test_rate_at_interpolates_in_log_space_and_holds_the_ends() -> None:
     assert rate_at(TABLE, 64) == rate_at(TABLE, 1) == 5 * GB
     assert rate_at(TABLE, 131072) == rate_at(TABLE, 1 << 30) == 20 * GB
-    assert rate_at(TABLE, 4096) == pytest.approx(40 * GB)
+    assert rate_at(TABLE, 4096) == 40 * GB  # a measured row size reads its rate exactly
     assert rate_at(TABLE, 512) == pytest.approx(math.sqrt(5 * 40) * GB)  # halfway in log(row) between 64 and 4 KiB
 
 
 @given(st.integers(1, 1 << 22))
 def test_rate_at_stays_between_its_neighbours(row: int) -> None:
     rate = rate_at(TABLE, row)
-    assert min(v for _, v in TABLE) <= rate <= max(v for _, v in TABLE)
+    rows = [r for r, _ in TABLE]
+    i = min(max(sum(r <= row for r in rows), 1), len(rows) - 1)
+    (_, v0), (_, v1) = TABLE[i - 1], TABLE[i]
+    assert min(v0, v1) <= rate <= max(v0, v1)  # exactly: a ulp beyond the bracket is a bug
+
+
+@pytest.mark.parametrize("row", [r for r, _ in TABLE])
+def test_rate_at_reads_a_measured_row_exactly(row: int) -> None:
+    assert rate_at(TABLE, row) == dict(TABLE)[row]
 
 
 def test_effective_rate_adds_the_columns_times() -> None:

@@ -24,6 +24,15 @@ planner does on one process (:mod:`conduit.scheduling.auto`):
 
 Every rank switches candidates at the same pull indices, because pulls are
 collective: the sequence of collectives stays the same on every rank.
+
+3. after the decision the plan is watched, as one process's planner watches its
+   own: after one unmeasured window, every ``windows`` windows of the chosen mode
+   the ranks all-gather them (at the same pull everywhere) and every rank applies
+   :func:`drifted` to the same matrix; where the group's seconds per pull moved
+   from what the probe measured by more than ``drift`` and more than the noise
+   (the learner's compute or the host changed, and with it what overlap and
+   ``g`` buy), the group probes again from inline ``g = 1``, and the new plan
+   must beat inline again.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from conduit.config import ConduitConfig
 from conduit.core import as_granularity
 from conduit.scheduling.noise import Spread, beats, noise
 
-__all__ = ["DeliveryMode", "DeliveryPlanner", "candidates", "choose"]
+__all__ = ["DeliveryMode", "DeliveryPlanner", "candidates", "choose", "drifted"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,14 @@ def choose(modes: tuple[DeliveryMode, ...], windows: np.ndarray, margin: float) 
     return min(near, key=lambda i: _order(modes[i])), spreads
 
 
+def drifted(planned: Spread, windows: np.ndarray, drift: float, margin: float) -> bool:
+    """Whether the chosen mode's watched ``windows[rank, window]`` (seconds per pull) left ``planned``, its probe's
+    figure, by more than ``drift`` of it and more than the noise of the two. Pure, as :func:`choose`."""
+    recent = Spread.of(np.asarray(windows, dtype=np.float64).mean(axis=0).tolist())
+    gap = abs(recent.median - planned.median)
+    return gap > drift * planned.median and gap > noise(recent, planned, margin)
+
+
 class DeliveryPlanner:
     """``plan="auto"``'s probe: which mode each pull runs in until the decision (see the module docstring).
 
@@ -89,23 +106,37 @@ class DeliveryPlanner:
         windows: measured windows per candidate.
         window_pulls: pulls per window (rounded up to a multiple of every candidate's ``g``).
         margin: the smallest relative gain that counts (:func:`conduit.scheduling.noise.noise`).
+        drift: the relative move of the plan's seconds per pull that makes the group probe again (:func:`drifted`).
     """
 
     def __init__(self, modes: tuple[DeliveryMode, ...], windows: int = 3, window_pulls: int = 16,
-                 margin: float = 0.05) -> None:
+                 margin: float = 0.05, drift: float = 0.25) -> None:
         if not modes:
             raise ValueError("no delivery mode to choose from")
+        if windows < 1 or window_pulls < 1 or drift <= 0:
+            raise ValueError(f"expected windows >= 1, window_pulls >= 1 and drift > 0, received {windows}, "
+                             f"{window_pulls}, {drift}")
         period = math.lcm(*(m.g for m in modes))
         self.modes = modes
         self.windows = windows
         self.window_pulls = -(-window_pulls // period) * period
         self.margin = margin
-        self.pulls = 0
-        self.times = np.zeros((len(modes), windows), dtype=np.float64)
-        self._window_start: float | None = None
-        self._due = False
+        self.drift = drift
         self.chosen: int | None = None
         self.spreads: list[Spread] = []
+        self.replans: list[str] = []  # why the group probed again, oldest first
+        self._restart()
+
+    def _restart(self) -> None:
+        """Back to the start of the probe (construction, and a re-plan)."""
+        self.pulls = 0
+        self.times = np.zeros((len(self.modes), self.windows), dtype=np.float64)
+        self.watched = np.zeros(self.windows, dtype=np.float64)  # the chosen mode's last windows, once decided
+        self._window_start: float | None = None
+        self._due = False
+        self._check = False
+        self.chosen = None
+        self.spreads = []
 
     @property
     def probe_pulls(self) -> int:
@@ -117,9 +148,15 @@ class DeliveryPlanner:
         """Whether the group decides at this pull (the probe is over, nothing decided yet)."""
         return self.chosen is None and self._due
 
+    @property
+    def checking(self) -> bool:
+        """Whether the group checks the plan for drift at this pull (:meth:`recheck`)."""
+        return self.chosen is not None and self._check
+
     def tick(self, now: float) -> DeliveryMode:
         """At the start of each pull: close the window that ends here (if measured); this pull's mode."""
         if self.chosen is not None:
+            self._watch(now)
             return self.modes[self.chosen]
         p, per_mode = self.pulls, self.windows + 1
         if p % self.window_pulls == 0:
@@ -133,10 +170,39 @@ class DeliveryPlanner:
         self.pulls += 1
         return self.modes[p // (per_mode * self.window_pulls)]
 
+    def _watch(self, now: float) -> None:
+        """Count a pull of the plan: after one unmeasured window, close each window; every ``windows`` of them
+        the group checks (:attr:`checking`)."""
+        p = self.pulls - self.window_pulls  # pulls since the unmeasured window after the decision
+        if p >= 0 and p % self.window_pulls == 0:
+            closed = p // self.window_pulls
+            if closed and self._window_start is not None:
+                self.watched[(closed - 1) % self.windows] = (now - self._window_start) / self.window_pulls
+                self._check = closed % self.windows == 0
+            self._window_start = now
+        self.pulls += 1
+
     def decide(self, windows: np.ndarray) -> DeliveryMode:
         """Apply :func:`choose` to the group's gathered ``windows[rank, mode, window]`` and keep the plan."""
         self.chosen, self.spreads = choose(self.modes, windows, self.margin)
+        self.pulls, self._window_start = 1, None  # this pull runs the plan: the first of its unmeasured window
         return self.modes[self.chosen]
+
+    def recheck(self, windows: np.ndarray, now: float) -> bool:
+        """Apply :func:`drifted` to the group's gathered ``windows[rank, window]`` of the plan; where it drifted,
+        start the probe again (this pull's mode is then :meth:`tick`'s) and return True. ``now``: when the
+        check's collective ended (the next window starts there)."""
+        assert self.chosen is not None
+        self._check = False
+        planned = self.spreads[self.chosen]
+        if not drifted(planned, windows, self.drift, self.margin):
+            self._window_start = now
+            return False
+        recent = float(np.median(np.asarray(windows, dtype=np.float64).mean(axis=0)))
+        self.replans.append(f"{self.modes[self.chosen]} measured {recent * 1e3:.3f} ms/pull against the probe's "
+                            f"{planned.median * 1e3:.3f}")
+        self._restart()
+        return True
 
     def report(self) -> list[dict[str, object]]:
         """Each candidate's measured seconds per pull (median, range) and whether it is the plan."""

@@ -97,6 +97,10 @@ class ReplayShare:
         local = self.edp.sampling.value == "local"
         if self.planner is not None and not local:
             self.mode = self.planner.tick(time.perf_counter())
+            if self.planner.checking:
+                self.drain(timeout)
+                if self._recheck(self.planner):
+                    self.mode = self.planner.tick(time.perf_counter())  # the probe's first pull
             if self.planner.deciding:
                 self.drain(timeout)
                 self.mode = self._decide(self.planner)
@@ -145,6 +149,16 @@ class ReplayShare:
             log.info("conduit.distributed: delivery plan %s (%s)", mode,
                      ", ".join(f"{r['mode']} {float(r['median_s']) * 1e3:.3f} ms/pull" for r in planner.report()))
         return mode
+
+    def _recheck(self, planner: DeliveryPlanner) -> bool:
+        """Collective, at the same pull on every rank: gather the plan's watched windows; probe again where the
+        group's time drifted (:func:`conduit.distributed.plan.drifted`)."""
+        edp = self.edp
+        got = edp.group.gather(torch.from_numpy(planner.watched.copy()), "plan (drift check)")
+        replan = planner.recheck(got.numpy().reshape(edp.world, -1), time.perf_counter())
+        if replan and edp.rank == 0:
+            log.info("conduit.distributed: re-planning delivery: %s", planner.replans[-1])
+        return replan
 
     def _draw_local(self) -> list[ShardedBatch]:
         edp = self.edp

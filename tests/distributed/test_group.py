@@ -85,6 +85,18 @@ def test_auto_plan_probes_every_candidate_and_every_rank_keeps_the_same_plan(gro
 
 
 @pytest.mark.parametrize("world", WORLDS)
+def test_a_kept_plan_whose_loop_slows_is_probed_again_on_every_rank_at_the_same_pull(group_runs, world):
+    ranks = group_runs[world]["auto_replan"]["ranks"]
+    first = ranks[0]
+    assert first["decided"] and first["replanned_at"] is not None and len(first["replans"]) == 1
+    assert first["mode_after"] == [False, 1]  # the probe again, inline g = 1 first
+    assert first["plan"] == []  # no plan until the new probe decides
+    for r in ranks:
+        assert {k: r[k] for k in ("replanned_at", "mode_after", "replans")} == {
+            k: first[k] for k in ("replanned_at", "mode_after", "replans")}
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_local_sampling_is_not_one_buffers_distribution_on_unequal_shards(group_runs, world):
     """What ``sampling="local"`` changes (documented): each learner draws its own shard only."""
     _, counts = _seen_counts(group_runs[world]["uniform_local"])

@@ -1,4 +1,4 @@
-"""The delivery planner across ranks (pure parts): candidates, the decision rule, the probe's windows."""
+"""The delivery planner across ranks (pure parts): candidates, the decision rule, the probe's windows, the watch."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from conduit.config import ConduitConfig
-from conduit.distributed.plan import DeliveryMode, DeliveryPlanner, candidates, choose
+from conduit.distributed.plan import DeliveryMode, DeliveryPlanner, candidates, choose, drifted
 from conduit.errors import RuntimeClosed
 from conduit.executor import Lane
+from conduit.scheduling.noise import Spread
 
 MODES = (DeliveryMode(False, 1), DeliveryMode(True, 1), DeliveryMode(False, 2), DeliveryMode(True, 2))
 
@@ -85,3 +86,67 @@ def test_a_lane_runs_calls_in_order_and_hands_back_results_and_errors() -> None:
     assert lane.close()  # joined
     with pytest.raises(RuntimeClosed, match="closed"):
         lane.submit(order.append, 5)
+
+
+def _decided(planner: DeliveryPlanner, per_pull: float) -> float:
+    """Run ``planner``'s probe at ``per_pull`` seconds for every mode but the last (half that), decide; the clock."""
+    now = 0.0
+    while True:
+        mode = planner.tick(now)
+        if planner.deciding:
+            planner.decide(planner.times[None])
+            return now
+        now += per_pull / 2 if mode == planner.modes[-1] else per_pull
+
+
+def _watch(planner: DeliveryPlanner, now: float, per_pull: float) -> tuple[float, int]:
+    """Pull the plan at ``per_pull`` until the group is due to check; the clock and the pulls it took."""
+    pulls = 0
+    while True:
+        now += per_pull  # the pull ticked last (the decision's, or the last check's) took per_pull
+        pulls += 1
+        planner.tick(now)
+        if planner.checking:
+            return now, pulls
+
+
+def test_the_plan_is_checked_every_few_windows_and_kept_while_its_time_holds() -> None:
+    planner = DeliveryPlanner(MODES, windows=2, window_pulls=4)
+    now = _decided(planner, 1.0)
+    assert planner.modes[planner.chosen] == MODES[-1]
+    for check in range(3):
+        now, pulls = _watch(planner, now, 0.5)
+        # the first check after one unmeasured window (the decision's pull its first), then every ``windows`` windows
+        assert pulls == (3 * 4 if check == 0 else 2 * 4)
+        assert planner.watched.tolist() == [0.5, 0.5]
+        assert not planner.recheck(planner.watched[None], now)
+        assert not planner.checking and planner.chosen is not None
+    assert planner.replans == []
+
+
+def test_a_plan_whose_time_drifts_is_probed_again_from_inline() -> None:
+    planner = DeliveryPlanner(MODES, windows=2, window_pulls=4)
+    now = _decided(planner, 1.0)
+    now, _ = _watch(planner, now, 1.5)  # the learner's compute grew: three times what the probe measured
+    group = np.stack([planner.watched, planner.watched])
+    assert planner.recheck(group, now)
+    assert planner.chosen is None and not planner.checking
+    assert len(planner.replans) == 1 and "1500.000 ms/pull" in planner.replans[0]
+    assert planner.tick(now) == MODES[0]  # the probe again, inline g = 1 first
+    assert not planner.times.any() and planner.report() == []  # the old probe's windows are gone
+
+
+def test_drift_is_a_move_beyond_both_the_threshold_and_the_noise() -> None:
+    planned = Spread.of([1.0, 1.0, 1.0])
+    assert not drifted(planned, np.array([[1.2, 1.2, 1.2]]), 0.25, 0.05)  # within 25%
+    assert drifted(planned, np.array([[1.5, 1.5, 1.5]]), 0.25, 0.05)
+    assert drifted(planned, np.array([[0.5, 0.5, 0.5]]), 0.25, 0.05)  # faster counts too: overlap may now pay
+    assert not drifted(planned, np.array([[0.4, 1.5, 2.6]]), 0.25, 0.05)  # a move inside its own spread
+    assert not drifted(planned, np.array([[1.5, 1.5, 1.5], [0.5, 0.5, 0.5]]), 0.25, 0.05)  # the group's mean held
+
+
+def test_a_planner_refuses_windows_it_cannot_measure() -> None:
+    with pytest.raises(ValueError, match="windows >= 1"):
+        DeliveryPlanner(MODES, windows=0)
+    with pytest.raises(ValueError, match="drift > 0"):
+        DeliveryPlanner(MODES, drift=0.0)

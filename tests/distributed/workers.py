@@ -21,6 +21,7 @@ import torch.distributed as dist
 import conduit
 import conduit.distributed as cd
 from conduit.distributed import launch
+from conduit.distributed.plan import DeliveryPlanner
 
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
 BATCH = 64
@@ -182,6 +183,29 @@ def auto_plan(rank: int, world: int) -> dict[str, Any]:
     return {"ranks": every, "probe_pulls": probe}
 
 
+def auto_replan(rank: int, world: int) -> dict[str, Any]:
+    """``plan="auto"`` watched: once the plan is kept, the learner's compute grows to 50 ms a pull (some 25x what
+    the probe measured); every rank must probe again from inline, at the same pull."""
+    edp = cd.Conduit(policy="off_policy", train_batch_size=16, capacity=1000 * world, seed=6, timeout_s=30,
+                     plan="auto", g_max=2)
+    planner = edp.replay.planner = DeliveryPlanner(edp.replay.planner.modes, windows=2, window_pulls=4)
+    fill(edp, rank, 200)
+    for _ in range(planner.probe_pulls + 1):
+        edp.pull()
+    decided = planner.chosen is not None
+    replanned_at, mode_after = None, None
+    for i in range(40):  # the first check comes 12 pulls after the decision
+        edp.pull()
+        time.sleep(0.05)
+        if planner.replans:
+            replanned_at, mode_after = i, [edp.delivery_mode.overlap, edp.delivery_mode.g]
+            break
+    every = edp.group.gather_object({"decided": decided, "replanned_at": replanned_at, "mode_after": mode_after,
+                                     "replans": list(planner.replans), "plan": edp.delivery_plan()}, "test: gather")
+    edp.close()
+    return {"ranks": every}
+
+
 def on_policy(rank: int, world: int) -> dict[str, Any]:
     rows_here = [13 * (rank + 1) + 3, 7 * (rank + 2)]
     totals = [sum(13 * (r + 1) + 3 for r in range(world)), sum(7 * (r + 2) for r in range(world))]
@@ -244,6 +268,7 @@ def scenarios(rank: int, world: int, port: int, out: str, ck: str, mode: str) ->
     res["uniform_overlapped"] = distribution(rank, world, "uniform", "global", 40, overlap=True, g=2)
     res["prioritized_overlapped"] = distribution(rank, world, "prioritized", "global", 40, overlap=True)
     res["auto_plan"] = auto_plan(rank, world)
+    res["auto_replan"] = auto_replan(rank, world)
     res["on_policy"] = on_policy(rank, world)
     if mode == "save":
         res["save"] = save_shards(rank, world, ck)

@@ -54,6 +54,13 @@ class RateLimiter:
             return True
         return self.diff() + rows * self.samples_per_insert <= self._centre + self.tolerance
 
+    def insert_room(self) -> float:
+        """Rows that may be inserted now (:meth:`can_insert` admits exactly up to it; inf without a ratio)."""
+        if self.samples_per_insert is None:
+            return float("inf")
+        band = (self._centre + self.tolerance - self.diff()) / self.samples_per_insert
+        return max(float(self.min_size - self.inserts), band)
+
     def can_sample(self, rows: int, size: int) -> bool:
         if size < self.min_size:
             return False

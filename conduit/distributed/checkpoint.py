@@ -103,6 +103,7 @@ def _commit(edp: DistributedConduit, target: Path, tmp: Path, reports: list[dict
         "capacities": list(edp.capacities), "rows": [int(r["rows"]) for r in reports],
         "shards": [_shard_dir(r) for r in range(edp.world)], "counts": totals,
         "shared_rng": edp.shared_rng.bit_generator.state,
+        "rate_sampled": edp.rate.sampled if edp.rate is not None else 0,
     }
     core_checkpoint.commit(tmp, target, doc)
 
@@ -136,6 +137,8 @@ def restore(edp: DistributedConduit, path: str | Path) -> dict[str, Any]:
             _redeal(edp, p, doc)
         if edp.rank == 0:
             edp.add_counts(doc["counts"])
+        if edp.rate is not None:  # the ratio continues: the group's pushes (counted once) and samples
+            edp.rate.restored(int(doc["counts"]["pushed"]) if edp.rank == 0 else 0, int(doc.get("rate_sampled", 0)))
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
     errors = edp.group.gather_object(error, "restore (shards loaded)")

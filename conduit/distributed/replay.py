@@ -47,13 +47,14 @@ log = logging.getLogger("conduit")
 DistributedConduit = Any
 
 __all__ = [
-    "GIVE_UP", "HEAD", "INSERTED", "MASS", "MIN", "ROWS", "SPEC", "ReplayShare", "ShardedBatch", "shard_config",
-    "shard_mass",
+    "GIVE_UP", "HEAD", "INSERTED", "MASS", "MIN", "PUSHED", "ROWS", "SPEC", "ReplayShare", "ShardedBatch",
+    "shard_config", "shard_mass",
 ]
 
 #: the state vector every rank contributes to a sync: these columns, then one outbox size per rank
-ROWS, MASS, MIN, SPEC, INSERTED, GIVE_UP = range(6)
-HEAD = 6
+#: (PUSHED: rows the group's rate limit admitted on the rank, 0 without one)
+ROWS, MASS, MIN, SPEC, INSERTED, GIVE_UP, PUSHED = range(7)
+HEAD = 7
 
 
 class ShardedBatch(Batch):
@@ -90,6 +91,14 @@ class ReplayShare:
         # in a different order on different ranks, which NCCL may deadlock on: overlapped only where pinned
         lone = edp.group.rows_backend == "nccl" and cfg.pinned.delivery_overlap is None
         modes = tuple(m for m in candidates(cfg) if not (lone and m.overlap))
+        rate = cfg.rate_limit
+        if rate is not None:
+            # the ratio admits at most a band's width of samples at once; a refused draw raises on the learner's
+            # thread (block=False), never on the lane, where it would be a failure of the rank
+            fits = [m for m in modes if edp.world * m.g * cfg.train_batch_size <= rate.tolerance
+                    and (rate.block or not m.overlap)]
+            modes = tuple(fits) or (DeliveryMode(False, 1),)
+            lone = lone or not rate.block
         planner = DeliveryPlanner(modes) if auto and edp.sampling.value == "global" else None
         return cls(edp, DeliveryMode(bool(prior.overlap) and not lone, int(prior.granularity)), planner)
 
@@ -180,18 +189,25 @@ class ReplayShare:
     def _draw_global(self, timeout: float, g: int, overlap: bool = False) -> list[ShardedBatch]:
         edp = self.edp
         deadline = time.monotonic() + timeout
+        W, B = edp.world, edp.config.train_batch_size
+        rate = edp.rate
         while True:
             state = edp.sync(give_up=time.monotonic() > deadline)
-            if state[:, ROWS].sum() >= edp.config.sample_min:
+            size = int(state[:, ROWS].sum())
+            if size >= edp.config.sample_min and (rate is None or rate.can_draw(W * g * B, size)):
                 break
+            if rate is not None and size >= edp.config.sample_min and not rate.block:
+                raise rate.refused(W * g * B, size)  # on every rank: they decided on the same state
             if state[:, GIVE_UP].any():
-                raise ConduitTimeout(
-                    f"timed out after {timeout:.3g}s waiting for {edp.config.sample_min} rows over the group "
-                    f"(shards hold {state[:, ROWS].astype(int).tolist()})"
-                )
+                wanted = (f"the group's sample/insert ratio to admit {W * g * B} rows ({rate.limiter.describe()})"
+                          if rate is not None and size >= edp.config.sample_min
+                          else f"{edp.config.sample_min} rows over the group")
+                raise ConduitTimeout(f"timed out after {timeout:.3g}s waiting for {wanted} "
+                                     f"(shards hold {state[:, ROWS].astype(int).tolist()})")
             time.sleep(0.01)
+        if rate is not None:
+            rate.drew(W * g * B)
         assert edp.shard is not None and edp.shard.buffer is not None and edp.spec is not None
-        W, B = edp.world, edp.config.train_batch_size
         prioritized = edp.config.sampler is SamplerKind.PRIORITIZED
         wants = [B] * (W * g)  # row r * g + k: requester r's k-th batch
         counts = (smp.prioritized_counts(edp.shared_rng, wants, state[:, MASS]) if prioritized
@@ -265,6 +281,7 @@ def shard_config(cfg: ConduitConfig, capacity: int, rank: int, device: str) -> C
     """The config of one rank's shard: its capacity, one learner, delivery inline (this module draws)."""
     d = cfg.model_dump()
     pinned = {**d["pinned"], "delivery_overlap": False, "delivery_granularity": "1"}
+    d.update(rate_limit=None)  # the group's ratio is the runtime's (:mod:`conduit.distributed.ratelimit`)
     d.update(
         capacity=capacity, train_batch_size=min(cfg.train_batch_size, capacity), num_learners=1,
         learner_device=device, min_size_to_sample=None, pinned=pinned,

@@ -43,6 +43,9 @@ and the actors are exchangeable.
 ingests it; :meth:`DistributedConduit.stats` adds them up over the group:
 ``pushed == ingested + refused + in flight``, in flight being 0 after ``sync``.
 
+**Rate limit.** ``rate_limit`` keeps the group's samples per insert in the band one buffer would
+(:mod:`conduit.distributed.ratelimit`): pushes still never communicate.
+
 **Faults.** Every collective is bounded by ``timeout_s``; a rank that died or
 stalled makes the others' next collective raise :class:`RankFailed` naming it
 (:mod:`conduit.distributed.group`), and every later call raises it again.
@@ -73,7 +76,8 @@ from conduit.distributed import sampling as smp
 from conduit.distributed.exchange import dumps, loads
 from conduit.distributed.group import RankGroup
 from conduit.distributed.plan import DeliveryMode
-from conduit.distributed.replay import HEAD, ROWS, SPEC, ReplayShare, ShardedBatch, shard_config, shard_mass
+from conduit.distributed.ratelimit import GroupRateLimit
+from conduit.distributed.replay import HEAD, PUSHED, ROWS, SPEC, ReplayShare, ShardedBatch, shard_config, shard_mass
 from conduit.distributed.shards import shard_storage
 from conduit.errors import ConfigError, SemanticsError, SpecError
 from conduit.hooks import HookKind, HookRegistry, Reader, Writer
@@ -181,6 +185,18 @@ class DistributedConduit:
         self._spec: ExperienceSpec | None = spec
         self._closed = False
         self._channels: list[Any] = []
+        self.rate: GroupRateLimit | None = None
+        if cfg.rate_limit is not None:
+            if self.sampling is Sampling.LOCAL:
+                raise ConfigError("rate_limit needs sampling='global': the group's samples are counted where the "
+                                  "ranks draw together, and local pulls never meet")
+            if cfg.rate_limit.tolerance < self.world * cfg.train_batch_size:
+                raise ConfigError(
+                    f"rate_limit.tolerance={cfg.rate_limit.tolerance} is smaller than one pull of the group "
+                    f"({self.world} learners x train_batch_size={cfg.train_batch_size} rows): no pull could "
+                    f"ever keep the ratio"
+                )
+            self.rate = GroupRateLimit(cfg.rate_limit, cfg.sample_min, self.world)
         if cfg.policy is Policy.OFF_POLICY:
             assert cfg.capacity is not None
             self.capacities = smp.shard_capacities(cfg.capacity, self.world, shares)
@@ -225,6 +241,8 @@ class DistributedConduit:
         assert self.shard is not None
         tensors = as_tensors(data)
         n = rows_of(tensors)
+        if self.rate is not None:
+            self.rate.admit(n, self.config.timeout_s if timeout is None else timeout)
         with self._lock:
             dest = self._route(n)
             self._counts["pushed"] += n
@@ -238,6 +256,8 @@ class DistributedConduit:
         except SpecError:
             with self._lock:
                 self._counts["pushed"] -= n  # a refused push changes nothing, as on one runtime
+            if self.rate is not None:
+                self.rate.give_back(n)
             raise
         with self._lock:
             self._counts["ingested"] += n
@@ -303,6 +323,8 @@ class DistributedConduit:
         else:
             with self._lock:
                 self._outbox_rows -= moving
+        if self.rate is not None:
+            self.rate.synced(int(state[:, PUSHED].sum()))
         self.agree_on_spec(state[:, SPEC].numpy())
         return state[:, :HEAD].numpy()
 
@@ -320,7 +342,8 @@ class DistributedConduit:
         buf = self.shard.buffer if self.shard is not None else None
         rows = float(buf.rows) if buf is not None else 0.0
         mass, low = shard_mass(buf, self.config)
-        head = [rows, mass, low, self.spec_key(), float(buf.inserted if buf else 0), float(give_up)]
+        pushed = float(self.rate.snapshot()) if self.rate is not None else 0.0
+        head = [rows, mass, low, self.spec_key(), float(buf.inserted if buf else 0), float(give_up), pushed]
         return torch.tensor(head + [float(s) for s in sizes], dtype=torch.float64)
 
     def spec_key(self) -> float:
@@ -465,6 +488,8 @@ class DistributedConduit:
         if self._closed:
             return
         self._closed = True
+        if self.rate is not None:
+            self.rate.close()
         for c in self._channels:
             c.close(timeout)
         pending = self.replay.pending if self.replay is not None else None
@@ -489,8 +514,7 @@ def _validate(cfg: ConduitConfig, routing: Routing) -> None:
     if cfg.policy is Policy.OFF_POLICY:
         if cfg.sampler not in (SamplerKind.UNIFORM, SamplerKind.PRIORITIZED):
             raise ConfigError(f"sampler={cfg.sampler.value!r}: a sharded buffer samples uniform or prioritized")
-        for name in ("max_times_sampled", "rate_limit"):
-            if getattr(cfg, name) is not None:
-                raise ConfigError(f"{name}: not supported across ranks yet (a single-process runtime has it)")
+        if cfg.max_times_sampled is not None:
+            raise ConfigError("max_times_sampled: not supported across ranks yet (a single-process runtime has it)")
     elif routing is not Routing.LOCAL:
         raise ConfigError(f"routing={routing.value!r}: on-policy units stay on the rank that pushed them")

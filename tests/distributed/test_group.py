@@ -97,6 +97,31 @@ def test_a_kept_plan_whose_loop_slows_is_probed_again_on_every_rank_at_the_same_
 
 
 @pytest.mark.parametrize("world", WORLDS)
+def test_the_group_keeps_one_buffers_sample_insert_ratio(group_runs, world):
+    res = group_runs[world]["rate_limited"]
+    spi, tol = workers.RATE["samples_per_insert"], res["tolerance"]
+    centre = spi * workers.RATE["min_size"]
+    pull_rows = world * workers.RATE["batch"]
+    for r in res["ranks"]:
+        assert r["seen"] == res["ranks"][0]["seen"]  # every rank counts the group alike
+        for inserts, samples in r["seen"]:
+            assert inserts * spi - samples >= centre - tol  # no pull outran the inserts
+            assert inserts * spi - samples <= centre + tol  # no rank's pushes outran the samples
+        pushed, samples = r["final"]
+        assert pushed * spi - samples <= centre + tol  # the true pushes too, not only the synced ones
+        assert samples == 30 * pull_rows
+        assert r["carried"] == [r["carried"][2], samples, r["carried"][2]]  # restored: the group's counts go on
+    # non-blocking: each rank pushed its part of the first room, then was refused; the group pulled what those
+    # inserts admit and was refused at the same pull everywhere
+    first = res["ranks"][0]
+    inserted = sum(r["pushed"] for r in res["ranks"])
+    assert inserted * spi <= centre + tol and all(r["pushed"] > 0 for r in res["ranks"])
+    assert all(r["pulls"] == first["pulls"] and r["refused"] for r in res["ranks"])
+    assert "sample/insert ratio" in first["refused"]
+    assert inserted * spi - first["pulls"] * pull_rows >= centre - tol > inserted * spi - (first["pulls"] + 1) * pull_rows
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_local_sampling_is_not_one_buffers_distribution_on_unequal_shards(group_runs, world):
     """What ``sampling="local"`` changes (documented): each learner draws its own shard only."""
     _, counts = _seen_counts(group_runs[world]["uniform_local"])

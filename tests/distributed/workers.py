@@ -21,6 +21,7 @@ import torch.distributed as dist
 import conduit
 import conduit.distributed as cd
 from conduit.distributed import launch
+from conduit.distributed.checkpoint import read_manifest
 from conduit.distributed.plan import DeliveryPlanner
 
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
@@ -206,6 +207,68 @@ def auto_replan(rank: int, world: int) -> dict[str, Any]:
     return {"ranks": every}
 
 
+RATE = {"samples_per_insert": 1.0, "min_size": 32, "batch": 8}
+
+
+def rate_limited(rank: int, world: int, ck: str) -> dict[str, Any]:
+    """The group's samples-per-insert ratio: an actor thread pushes as fast as the ratio admits while the learner
+    pulls (blocking), and a checkpoint carries the counts on; then, non-blocking, pushes until refused and pulls
+    until refused."""
+    tol = 2 * world * RATE["batch"]
+    kw = dict(policy="off_policy", train_batch_size=RATE["batch"], capacity=1000 * world, seed=11, timeout_s=30,
+              min_size_to_sample=RATE["min_size"])
+    edp = cd.Conduit(rate_limit={"samples_per_insert": RATE["samples_per_insert"], "tolerance": tol}, **kw)
+    stop = threading.Event()
+
+    def actor() -> None:
+        for k in range(2000):
+            if stop.is_set():
+                return
+            try:
+                edp.push(unit(np.arange(4) + rank * 100_000 + 4 * k), timeout=20)
+            except conduit.RuntimeClosed:
+                return
+
+    t = threading.Thread(target=actor, name="test-actor")
+    t.start()
+    seen = []
+    for _ in range(30):
+        edp.pull()
+        seen.append([edp.rate.limiter.inserts, edp.rate.limiter.samples])
+    stop.set()
+    stats = edp.stats()
+    final = [sum(stats.pushed_rows), edp.rate.limiter.samples]
+    edp.save(ck)
+    edp.close()
+    t.join(30)
+    edp = cd.Conduit(rate_limit={"samples_per_insert": RATE["samples_per_insert"], "tolerance": tol}, **kw)
+    edp.restore(ck)
+    edp.sync()
+    saved = read_manifest(ck)["counts"]["pushed"]
+    carried = [edp.rate.limiter.inserts, edp.rate.limiter.samples, saved]
+    edp.close()
+    edp = cd.Conduit(rate_limit={"samples_per_insert": RATE["samples_per_insert"], "tolerance": tol, "block": False},
+                     **kw)
+    pushed = 0
+    try:
+        for k in range(1000):
+            edp.push(unit(np.arange(4) + rank * 100_000 + 4 * k))
+            pushed += 4
+    except conduit.RateLimited:
+        pass
+    pulls, refused = 0, None
+    try:
+        for _ in range(1000):
+            edp.pull()
+            pulls += 1
+    except conduit.RateLimited as e:
+        refused = str(e)
+    every = edp.group.gather_object({"seen": seen, "final": final, "carried": carried, "pushed": pushed,
+                                     "pulls": pulls, "refused": refused}, "test: gather")
+    edp.close()
+    return {"ranks": every, "tolerance": tol}
+
+
 def on_policy(rank: int, world: int) -> dict[str, Any]:
     rows_here = [13 * (rank + 1) + 3, 7 * (rank + 2)]
     totals = [sum(13 * (r + 1) + 3 for r in range(world)), sum(7 * (r + 2) for r in range(world))]
@@ -269,6 +332,7 @@ def scenarios(rank: int, world: int, port: int, out: str, ck: str, mode: str) ->
     res["prioritized_overlapped"] = distribution(rank, world, "prioritized", "global", 40, overlap=True)
     res["auto_plan"] = auto_plan(rank, world)
     res["auto_replan"] = auto_replan(rank, world)
+    res["rate_limited"] = rate_limited(rank, world, f"{ck}-rate{world}")
     res["on_policy"] = on_policy(rank, world)
     if mode == "save":
         res["save"] = save_shards(rank, world, ck)

@@ -15,8 +15,9 @@ The core never imports this package; importing it imports ``torch.distributed``.
 from __future__ import annotations
 
 from conduit.distributed.group import RankFailed
+from conduit.distributed.options import DistributedStats, Routing, Sampling
 from conduit.distributed.replay import ShardedBatch
-from conduit.distributed.runtime import DistributedConduit, DistributedStats, Routing, Sampling
+from conduit.distributed.runtime import DistributedConduit
 
 #: the per-rank runtime, spelled as the single-process one: ``conduit.distributed.Conduit(...)``
 Conduit = DistributedConduit

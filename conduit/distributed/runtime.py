@@ -60,8 +60,6 @@ import threading
 import zlib
 from collections.abc import Iterator
 from concurrent import futures
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +69,11 @@ import torch.distributed as dist
 
 from conduit.batch import Batch
 from conduit.config import ConduitConfig
-from conduit.core import Policy, SamplerKind
+from conduit.core import Policy
 from conduit.distributed import sampling as smp
 from conduit.distributed.exchange import dumps, loads
 from conduit.distributed.group import RankGroup
+from conduit.distributed.options import DistributedStats, Routing, Sampling, validate, validate_rate
 from conduit.distributed.plan import DeliveryMode
 from conduit.distributed.ratelimit import GroupRateLimit
 from conduit.distributed.replay import HEAD, PUSHED, ROWS, SPEC, ReplayShare, ShardedBatch, shard_config, shard_mass
@@ -84,41 +83,9 @@ from conduit.hooks import HookKind, HookRegistry, Reader, Writer
 from conduit.runtime import Conduit
 from conduit.spec import Data, ExperienceSpec, as_tensors, rows_of
 
-__all__ = ["DistributedConduit", "DistributedStats", "Routing", "Sampling", "ShardedBatch"]
+__all__ = ["DistributedConduit"]
 
 log = logging.getLogger("conduit")
-
-
-class Sampling(str, Enum):
-    """Where a learner's batch is drawn from: every shard (one buffer's distribution) or its own shard."""
-
-    GLOBAL = "global"
-    LOCAL = "local"
-
-
-class Routing(str, Enum):
-    """Which shard a pushed unit goes to."""
-
-    LOCAL = "local"
-    ROUND_ROBIN = "round_robin"
-    PROPORTIONAL = "proportional"
-
-
-@dataclass(frozen=True)
-class DistributedStats:
-    """Counters over the whole group (rows as pushed, before any ingestion hook), per rank."""
-
-    pushed_rows: tuple[int, ...]
-    ingested_rows: tuple[int, ...]
-    refused_rows: tuple[int, ...]
-    in_flight_rows: tuple[int, ...]
-    shard_rows: tuple[int, ...]
-    shard_capacity: tuple[int, ...]
-
-    @property
-    def exactly_once(self) -> bool:
-        """Every pushed row was ingested by exactly one shard, refused, or is still routed in flight."""
-        return sum(self.pushed_rows) == sum(self.ingested_rows) + sum(self.refused_rows) + sum(self.in_flight_rows)
 
 
 class DistributedConduit:
@@ -159,7 +126,7 @@ class DistributedConduit:
         self.config = cfg
         self.sampling = Sampling(sampling)
         self.routing = Routing(routing)
-        _validate(cfg, self.routing)
+        validate(cfg, self.routing)
         self.group = RankGroup(cfg.timeout_s, group)
         self.rank, self.world = self.group.rank, self.group.world
         self.registry = registry or HookRegistry()
@@ -185,18 +152,8 @@ class DistributedConduit:
         self._spec: ExperienceSpec | None = spec
         self._closed = False
         self._channels: list[Any] = []
-        self.rate: GroupRateLimit | None = None
-        if cfg.rate_limit is not None:
-            if self.sampling is Sampling.LOCAL:
-                raise ConfigError("rate_limit needs sampling='global': the group's samples are counted where the "
-                                  "ranks draw together, and local pulls never meet")
-            if cfg.rate_limit.tolerance < self.world * cfg.train_batch_size:
-                raise ConfigError(
-                    f"rate_limit.tolerance={cfg.rate_limit.tolerance} is smaller than one pull of the group "
-                    f"({self.world} learners x train_batch_size={cfg.train_batch_size} rows): no pull could "
-                    f"ever keep the ratio"
-                )
-            self.rate = GroupRateLimit(cfg.rate_limit, cfg.sample_min, self.world)
+        validate_rate(cfg, self.sampling, self.world)
+        self.rate = GroupRateLimit(cfg.rate_limit, cfg.sample_min, self.world) if cfg.rate_limit else None
         if cfg.policy is Policy.OFF_POLICY:
             assert cfg.capacity is not None
             self.capacities = smp.shard_capacities(cfg.capacity, self.world, shares)
@@ -508,13 +465,3 @@ class DistributedConduit:
     def __repr__(self) -> str:
         return (f"conduit.distributed.Conduit(rank {self.rank}/{self.world}, {self.config.policy.value}, "
                 f"sampling={self.sampling.value}, routing={self.routing.value})")
-
-
-def _validate(cfg: ConduitConfig, routing: Routing) -> None:
-    if cfg.policy is Policy.OFF_POLICY:
-        if cfg.sampler not in (SamplerKind.UNIFORM, SamplerKind.PRIORITIZED):
-            raise ConfigError(f"sampler={cfg.sampler.value!r}: a sharded buffer samples uniform or prioritized")
-        if cfg.max_times_sampled is not None:
-            raise ConfigError("max_times_sampled: not supported across ranks yet (a single-process runtime has it)")
-    elif routing is not Routing.LOCAL:
-        raise ConfigError(f"routing={routing.value!r}: on-policy units stay on the rank that pushed them")

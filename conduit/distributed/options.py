@@ -1,0 +1,70 @@
+"""What a sharded runtime can be asked for: where batches are drawn from, where units go, its counters, and
+the configs it refuses (with why), kept apart from :mod:`conduit.distributed.runtime`'s moving parts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from conduit.config import ConduitConfig
+from conduit.core import Policy, SamplerKind
+from conduit.errors import ConfigError
+
+__all__ = ["DistributedStats", "Routing", "Sampling", "validate", "validate_rate"]
+
+
+class Sampling(str, Enum):
+    """Where a learner's batch is drawn from: every shard (one buffer's distribution) or its own shard."""
+
+    GLOBAL = "global"
+    LOCAL = "local"
+
+
+class Routing(str, Enum):
+    """Which shard a pushed unit goes to."""
+
+    LOCAL = "local"
+    ROUND_ROBIN = "round_robin"
+    PROPORTIONAL = "proportional"
+
+
+@dataclass(frozen=True)
+class DistributedStats:
+    """Counters over the whole group (rows as pushed, before any ingestion hook), per rank."""
+
+    pushed_rows: tuple[int, ...]
+    ingested_rows: tuple[int, ...]
+    refused_rows: tuple[int, ...]
+    in_flight_rows: tuple[int, ...]
+    shard_rows: tuple[int, ...]
+    shard_capacity: tuple[int, ...]
+
+    @property
+    def exactly_once(self) -> bool:
+        """Every pushed row was ingested by exactly one shard, refused, or is still routed in flight."""
+        return sum(self.pushed_rows) == sum(self.ingested_rows) + sum(self.refused_rows) + sum(self.in_flight_rows)
+
+
+def validate(cfg: ConduitConfig, routing: Routing) -> None:
+    """Raise ``ConfigError`` for a config a sharded buffer cannot run (before the group forms)."""
+    if cfg.policy is Policy.OFF_POLICY:
+        if cfg.sampler not in (SamplerKind.UNIFORM, SamplerKind.PRIORITIZED):
+            raise ConfigError(f"sampler={cfg.sampler.value!r}: a sharded buffer samples uniform or prioritized")
+        if cfg.max_times_sampled is not None:
+            raise ConfigError("max_times_sampled: not supported across ranks yet (a single-process runtime has it)")
+    elif routing is not Routing.LOCAL:
+        raise ConfigError(f"routing={routing.value!r}: on-policy units stay on the rank that pushed them")
+
+
+def validate_rate(cfg: ConduitConfig, sampling: Sampling, world: int) -> None:
+    """Raise ``ConfigError`` for a ``rate_limit`` the group could never keep (:mod:`conduit.distributed.ratelimit`)."""
+    if cfg.rate_limit is None:
+        return
+    if sampling is Sampling.LOCAL:
+        raise ConfigError("rate_limit needs sampling='global': the group's samples are counted where the ranks draw "
+                          "together, and local pulls never meet")
+    if cfg.rate_limit.tolerance < world * cfg.train_batch_size:
+        raise ConfigError(
+            f"rate_limit.tolerance={cfg.rate_limit.tolerance} is smaller than one pull of the group ({world} learners "
+            f"x train_batch_size={cfg.train_batch_size} rows): no pull could ever keep the ratio"
+        )

@@ -14,10 +14,14 @@ never delivered are released, never counted.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
-__all__ = ["RateLimiter"]
+__all__ = ["NO_LIMIT", "RateLimiter"]
+
+#: :meth:`RateLimiter.insert_room` without a ratio
+NO_LIMIT = 1 << 62
 
 
 @dataclass
@@ -54,12 +58,16 @@ class RateLimiter:
             return True
         return self.diff() + rows * self.samples_per_insert <= self._centre + self.tolerance
 
-    def insert_room(self) -> float:
-        """Rows that may be inserted now (:meth:`can_insert` admits exactly up to it; inf without a ratio)."""
+    def insert_room(self) -> int:
+        """Rows that may be inserted now: :meth:`can_insert` admits up to it and not one more (rounding of the
+        band's edge included); ``NO_LIMIT`` without a ratio."""
         if self.samples_per_insert is None:
-            return float("inf")
+            return NO_LIMIT
         band = (self._centre + self.tolerance - self.diff()) / self.samples_per_insert
-        return max(float(self.min_size - self.inserts), band)
+        k = max(self.min_size - self.inserts, math.floor(band) + 1, 0)
+        while k > 0 and not self.can_insert(k):  # floor(band) + 1 at most; a step or two where rounding bites
+            k -= 1
+        return k
 
     def can_sample(self, rows: int, size: int) -> bool:
         if size < self.min_size:

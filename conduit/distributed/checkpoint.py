@@ -79,6 +79,7 @@ def save(edp: DistributedConduit, path: str | Path) -> Path:
             rows = state["rows"]
             report["rows"] = int(next(iter(rows.values())).shape[0]) if rows else 0
         report["counts"] = edp.counters()
+        report["rate_pushed"] = edp.rate.pushed if edp.rate is not None else 0
     except Exception as e:  # every rank must still reach the gather below, or the others time out
         report = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     reports = edp.group.gather_object(report, "save (shards written)")
@@ -103,9 +104,19 @@ def _commit(edp: DistributedConduit, target: Path, tmp: Path, reports: list[dict
         "capacities": list(edp.capacities), "rows": [int(r["rows"]) for r in reports],
         "shards": [_shard_dir(r) for r in range(edp.world)], "counts": totals,
         "shared_rng": edp.shared_rng.bit_generator.state,
-        "rate_sampled": edp.rate.sampled if edp.rate is not None else 0,
+        "rate": _rate_counts(edp, reports),
     }
     core_checkpoint.commit(tmp, target, doc)
+
+
+def _rate_counts(edp: DistributedConduit, reports: list[dict[str, Any]]) -> dict[str, int] | None:
+    """The group's rate-limit counts as saved: its admitted rows, and its samples less those of the batches
+    drawn ahead and not yet handed out (the checkpoint does not hold them: they were never delivered)."""
+    if edp.rate is None:
+        return None
+    ahead = len(edp.replay.ready) if edp.replay is not None else 0  # the same on every rank
+    samples = edp.rate.limiter.samples - ahead * edp.world * edp.config.train_batch_size
+    return {"inserts": sum(int(r["rate_pushed"]) for r in reports), "samples": samples}
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
@@ -137,8 +148,9 @@ def restore(edp: DistributedConduit, path: str | Path) -> dict[str, Any]:
             _redeal(edp, p, doc)
         if edp.rank == 0:
             edp.add_counts(doc["counts"])
-        if edp.rate is not None:  # the ratio continues: the group's pushes (counted once) and samples
-            edp.rate.restored(int(doc["counts"]["pushed"]) if edp.rank == 0 else 0, int(doc.get("rate_sampled", 0)))
+        if edp.rate is not None and doc.get("rate") is not None:  # the ratio continues (saved without one: anew)
+            inserts, samples = int(doc["rate"]["inserts"]), int(doc["rate"]["samples"])
+            edp.rate.restored(inserts, inserts if edp.rank == 0 else 0, samples)
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
     errors = edp.group.gather_object(error, "restore (shards loaded)")

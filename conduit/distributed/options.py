@@ -3,11 +3,12 @@ the configs it refuses (with why), kept apart from :mod:`conduit.distributed.run
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 
 from conduit.config import ConduitConfig
-from conduit.core import Policy, SamplerKind
+from conduit.core import Policy, SamplerKind, as_granularity
 from conduit.errors import ConfigError
 
 __all__ = ["DistributedStats", "Routing", "Sampling", "validate", "validate_rate"]
@@ -63,8 +64,11 @@ def validate_rate(cfg: ConduitConfig, sampling: Sampling, world: int) -> None:
     if sampling is Sampling.LOCAL:
         raise ConfigError("rate_limit needs sampling='global': the group's samples are counted where the ranks draw "
                           "together, and local pulls never meet")
-    if cfg.rate_limit.tolerance < world * cfg.train_batch_size:
+    g = cfg.pinned.delivery_granularity
+    g = max(1, math.ceil(as_granularity(g))) if g is not None else 1  # unpinned: the planner tries only g that fit
+    if cfg.rate_limit.tolerance < world * g * cfg.train_batch_size:
         raise ConfigError(
-            f"rate_limit.tolerance={cfg.rate_limit.tolerance} is smaller than one pull of the group ({world} learners "
-            f"x train_batch_size={cfg.train_batch_size} rows): no pull could ever keep the ratio"
+            f"rate_limit.tolerance={cfg.rate_limit.tolerance} is smaller than one exchange of the group ({world} "
+            f"learners x delivery granularity {g} x train_batch_size={cfg.train_batch_size} rows): no pull could "
+            f"ever keep the ratio"
         )

@@ -12,31 +12,56 @@ ranks each count is known where it is made:
 - **inserts** are made by ``push``, which never communicates. Every sync gathers
   each rank's admitted rows, so every rank then knows the group's inserts, and
   from them the rows the ratio still admits (:meth:`RateLimiter.insert_room`).
-  Those are split evenly: until the next collective each rank may push its
-  ``1/world`` of them. The ranks' pushes together never exceed the room, so the
-  ratio holds over the group exactly as on one buffer; the price is that a rank
-  whose actors push faster than the others' waits for the learners' next pull
-  (the next sync), where one buffer would have let it use the others' part.
+  Every rank shares that room out alike (:func:`allocate`): first whole units to
+  the ranks with a push waiting (or refused) for room, longest waiting first, and
+  none to anyone while the first of them does not fit (the room grows as learners
+  sample, so it is served next); the rest evenly. Until the next sync each rank
+  admits only its part, and while a sync is under way (between its state going
+  out and the parts coming back) it admits nothing, so the ranks' pushes together
+  never exceed the room: the ratio holds over the group exactly as on one buffer.
 
 Rows are counted as pushed (before ingestion hooks), on the rank that pushed them,
 wherever routing sends them. A pull waits for the inserts its draw needs (syncing,
-so that waiting pushes see fresh room), or with ``block=False`` raises
+so that waiting pushes get their parts), or with ``block=False`` raises
 :class:`~conduit.errors.RateLimited` on every rank at once (they decide on the same
-state). A unit larger than any rank's part of the largest room the band allows
-could never be admitted, so it is refused at once, saying so.
+state). A unit larger than ``tolerance / samples_per_insert`` rows may never fit
+the room once learners sample, so it is refused at once, saying so.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from conduit.config import RateLimit
-from conduit.errors import ConduitTimeout, ConfigError, RateLimited, RuntimeClosed
+from conduit.errors import ConduitTimeout, RateLimited, RuntimeClosed, SemanticsError
 from conduit.ratelimit import RateLimiter
 
-__all__ = ["GroupRateLimit"]
+__all__ = ["GroupRateLimit", "allocate"]
+
+_POLL_S = 0.1  # how often a waiting push looks at the group's health
+
+
+def allocate(room: int, wants: Sequence[int], since: Sequence[int]) -> list[int]:
+    """Each rank's part of ``room`` rows (pure: every rank computes it alike from the gathered state).
+
+    ``wants[r]``: rows of rank ``r``'s push waiting for room (0: none), waiting since sync ``since[r]``. The
+    longest waiting are served first, a whole unit each; where one does not fit, nobody gets more (the room
+    is kept for it). What is left is split evenly.
+    """
+    world = len(wants)
+    parts = [0] * world
+    left = room
+    for r in sorted((r for r in range(world) if wants[r] > 0), key=lambda r: (since[r], r)):
+        if wants[r] > left:
+            return parts
+        parts[r] = int(wants[r])
+        left -= int(wants[r])
+    even = left // world
+    return [p + even for p in parts]
 
 
 class GroupRateLimit:
@@ -45,56 +70,74 @@ class GroupRateLimit:
     Args:
         rate: the config's ratio and band (``block``: wait, else raise :class:`RateLimited`).
         min_size: rows the group holds before any sample (``min_size_to_sample``).
-        world: ranks sharing the room between collectives.
+        rank, world: this rank, and the ranks sharing the room.
+        check: raises if the group failed (a waiting push gives up with the group's error).
     """
 
-    def __init__(self, rate: RateLimit, min_size: int, world: int) -> None:
+    def __init__(self, rate: RateLimit, min_size: int, rank: int, world: int,
+                 check: Callable[[], None] = lambda: None) -> None:
         self.limiter = RateLimiter(min_size, rate.samples_per_insert, rate.tolerance)  # the group's counts
         self.block = rate.block
-        self.world = world
+        self.rank, self.world = rank, world
+        self._check = check
         self._cond = threading.Condition()
         self._pushed = 0  # rows this rank admitted, ever
-        self._base = 0  # ... when its count went into the last sync
-        self._part = self._share(self.limiter.insert_room())  # rows it may admit beyond _base
+        self._base = 0  # ... as of the last sync
+        self._part = allocate(self.limiter.insert_room(), [0] * world, [0] * world)[rank]  # rows beyond _base
+        self._syncs = 0  # syncs so far: the same count on every rank
+        self._syncing = False
+        self._waiting: dict[object, tuple[int, int]] = {}  # pushes waiting for room: (rows, since which sync)
+        self._refused: tuple[int, int] | None = None  # the last push refused at once (block=False), not yet retried
         self._closed = False
 
-    def _share(self, room: float) -> int:
-        return math.floor(room / self.world) if math.isfinite(room) else 1 << 62
+    @property
+    def most_rows(self) -> int:
+        """The largest unit that always fits, in time: the room the band leaves once learners sample down to
+        its floor (from ``2·tolerance`` less one draw, at least ``tolerance``, in samples)."""
+        assert self.limiter.samples_per_insert is not None
+        return int(self.limiter.tolerance / self.limiter.samples_per_insert)
 
     @property
-    def most_per_rank(self) -> int:
-        """The largest part of the room a rank can ever get: the band's whole width (``2 · tolerance`` of
-        samples), or the rows before ``min_size`` and the band's upper half, whichever is more."""
-        spi, tol = self.limiter.samples_per_insert, self.limiter.tolerance
-        assert spi is not None
-        return self._share(max(2 * tol / spi, self.limiter.min_size + tol / spi))
+    def pushed(self) -> int:
+        with self._cond:
+            return self._pushed
 
     # -- push side (an actor's thread) ---------------------------------------------------------
     def admit(self, rows: int, timeout: float) -> None:
         """Count ``rows`` as pushed by this rank once the ratio admits them (waits for a sync, or raises)."""
-        if rows > self.most_per_rank:
-            raise ConfigError(
-                f"a unit of {rows} rows can never be admitted: the ratio lets each of {self.world} ranks insert at "
-                f"most {self.most_per_rank} rows between collectives ({self.limiter.describe()}); push smaller "
+        if rows > self.most_rows:
+            raise SemanticsError(
+                f"a unit of {rows} rows may never fit the group's sample/insert ratio, which admits at most "
+                f"{self.most_rows} rows at once once learners sample ({self.limiter.describe()}); push smaller "
                 f"units or widen rate_limit.tolerance"
             )
         deadline = time.monotonic() + timeout
+        token = object()
         with self._cond:
-            while self._pushed + rows - self._base > self._part:
-                if self._closed:
-                    raise RuntimeClosed("the runtime closed while a push waited for the ratio")
-                if not self.block:
-                    raise RateLimited(f"push of {rows} rows would break the group's sample/insert ratio "
-                                      f"({self._describe()})")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ConduitTimeout(f"push of {rows} rows waited {timeout:.3g}s for learners to sample "
-                                         f"({self._describe()})")
-                self._cond.wait(left)
-            self._pushed += rows
+            try:
+                while self._syncing or self._pushed + rows - self._base > self._part:
+                    if self._closed:
+                        raise RuntimeClosed("the runtime closed while a push waited for the ratio")
+                    if not self.block and not self._syncing:
+                        old = self._refused
+                        self._refused = (rows, old[1] if old is not None and old[0] == rows else self._syncs)
+                        raise RateLimited(f"push of {rows} rows would break the group's sample/insert ratio "
+                                          f"({self._describe()}); the next sync keeps room for it")
+                    self._waiting.setdefault(token, (rows, self._syncs))
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ConduitTimeout(f"push of {rows} rows waited {timeout:.3g}s for learners to sample "
+                                             f"({self._describe()})")
+                    self._check()
+                    self._cond.wait(min(left, _POLL_S))
+                self._pushed += rows
+                if self._refused is not None and rows >= self._refused[0]:
+                    self._refused = None
+            finally:
+                self._waiting.pop(token, None)
 
     def give_back(self, rows: int) -> None:
-        """A counted push was refused (its spec): it inserted nothing."""
+        """A counted push failed before it inserted anything."""
         with self._cond:
             self._pushed -= rows
             self._cond.notify_all()
@@ -104,22 +147,32 @@ class GroupRateLimit:
                 f"{self._pushed - self._base} of its {self._part} rows since")
 
     # -- collectives (the learner's thread or its lane) -----------------------------------------
-    def snapshot(self) -> int:
-        """This rank's admitted rows, for the sync's state vector. The part left carries on from here (pushes
-        before :meth:`synced` use it, and are charged to the next part too: the sync did not count them)."""
+    def snapshot(self) -> tuple[int, int, int]:
+        """This rank's admitted rows and its push longest in want of room (rows, waiting since which sync), for
+        the sync's state vector. No push is admitted from here until :meth:`synced` (or :meth:`end_sync`)."""
         with self._cond:
-            self._part -= self._pushed - self._base
-            self._base = self._pushed
-            return self._pushed
+            self._syncing = True
+            wants = [*self._waiting.values(), *([self._refused] if self._refused is not None else [])]
+            rows, since = min(wants, key=lambda w: (w[1], -w[0]), default=(0, 0))
+            return self._pushed, rows, since
 
-    def synced(self, inserts: int) -> None:
-        """The group's admitted rows as of the snapshots: the room is shared out afresh, less what this rank
-        pushed since its snapshot."""
+    def synced(self, pushed: np.ndarray, wants: np.ndarray, since: np.ndarray) -> None:
+        """The group's gathered snapshots: its inserts, and this rank's part of the room."""
         with self._cond:
-            self.limiter.inserts = inserts
-            self._part = self._share(self.limiter.insert_room()) - (self._pushed - self._base)
+            self.limiter.inserts = int(pushed.sum())
+            self._part = allocate(self.limiter.insert_room(), wants.astype(int).tolist(),
+                                  since.astype(int).tolist())[self.rank]
             self._base = self._pushed
+            self._syncs += 1
+            self._syncing = False
             self._cond.notify_all()
+
+    def end_sync(self) -> None:
+        """The sync ended, whether or not it reached :meth:`synced` (a failed collective)."""
+        with self._cond:
+            if self._syncing:
+                self._syncing = False
+                self._cond.notify_all()
 
     def can_draw(self, rows: int, size: int) -> bool:
         """Whether the group may sample ``rows`` more (every rank decides alike on the same sync)."""
@@ -134,15 +187,15 @@ class GroupRateLimit:
                            f"({self.limiter.describe()})")
 
     # -- checkpoints and lifecycle ---------------------------------------------------------------
-    @property
-    def sampled(self) -> int:
-        return self.limiter.samples
-
-    def restored(self, pushed: int, sampled: int) -> None:
-        """Continue a checkpoint's counts: the group's samples on every rank, its pushes on one."""
+    def restored(self, inserts: int, mine: int, samples: int) -> None:
+        """Continue a checkpoint's counts: the group's ``inserts`` and ``samples``, ``mine`` of the inserts
+        counted on this rank (all on one), and the room shared out afresh."""
         with self._cond:
-            self._pushed += pushed
-            self.limiter.samples = sampled
+            self._pushed += mine
+            self._base = self._pushed
+            self.limiter.inserts, self.limiter.samples = inserts, samples
+            self._part = allocate(self.limiter.insert_room(), [0] * self.world, [0] * self.world)[self.rank]
+            self._cond.notify_all()
 
     def close(self) -> None:
         with self._cond:

@@ -47,14 +47,20 @@ log = logging.getLogger("conduit")
 DistributedConduit = Any
 
 __all__ = [
-    "GIVE_UP", "HEAD", "INSERTED", "MASS", "MIN", "PUSHED", "ROWS", "SPEC", "ReplayShare", "ShardedBatch",
-    "shard_config", "shard_mass",
+    "GIVE_UP", "HEAD", "INSERTED", "MASS", "MIN", "PUSHED", "ROWS", "SINCE", "SPEC", "WANT", "GroupTimeout",
+    "ReplayShare", "ShardedBatch", "shard_config", "shard_mass",
 ]
 
 #: the state vector every rank contributes to a sync: these columns, then one outbox size per rank
-#: (PUSHED: rows the group's rate limit admitted on the rank, 0 without one)
-ROWS, MASS, MIN, SPEC, INSERTED, GIVE_UP, PUSHED = range(7)
-HEAD = 7
+#: (PUSHED, WANT, SINCE: the rank's rows the group's rate limit admitted, its push longest waiting for room
+#: and since which sync; 0 without a limit: :mod:`conduit.distributed.ratelimit`)
+ROWS, MASS, MIN, SPEC, INSERTED, GIVE_UP, PUSHED, WANT, SINCE = range(9)
+HEAD = 9
+
+
+class GroupTimeout(ConduitTimeout):
+    """Every rank gave up waiting at the same sync (they decided on the same state): the group is still in
+    step, so, raised by an overlapped exchange, it is the caller's to catch, not a failure of the rank."""
 
 
 class ShardedBatch(Batch):
@@ -144,7 +150,7 @@ class ReplayShare:
             # latched, whatever it was: this rank's exchanges are out of step with its peers' from here on
             if isinstance(exc, FutureTimeout):
                 exc = ConduitTimeout(f"rank {self.edp.rank}: the overlapped exchange did not end within {wait:.3g}s")
-            if isinstance(exc, RuntimeFailed):  # a collective's failure is latched already (RankFailed)
+            if isinstance(exc, (RuntimeFailed, GroupTimeout)):  # latched already (RankFailed), or in step
                 raise
             raise self.edp.group.failure.set("pull (overlapped exchange)", exc) from exc
 
@@ -202,8 +208,8 @@ class ReplayShare:
                 wanted = (f"the group's sample/insert ratio to admit {W * g * B} rows ({rate.limiter.describe()})"
                           if rate is not None and size >= edp.config.sample_min
                           else f"{edp.config.sample_min} rows over the group")
-                raise ConduitTimeout(f"timed out after {timeout:.3g}s waiting for {wanted} "
-                                     f"(shards hold {state[:, ROWS].astype(int).tolist()})")
+                raise GroupTimeout(f"timed out after {timeout:.3g}s waiting for {wanted} "
+                                   f"(shards hold {state[:, ROWS].astype(int).tolist()})")
             time.sleep(0.01)
         if rate is not None:
             rate.drew(W * g * B)

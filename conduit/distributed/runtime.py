@@ -44,7 +44,8 @@ ingests it; :meth:`DistributedConduit.stats` adds them up over the group:
 ``pushed == ingested + refused + in flight``, in flight being 0 after ``sync``.
 
 **Rate limit.** ``rate_limit`` keeps the group's samples per insert in the band one buffer would
-(:mod:`conduit.distributed.ratelimit`): pushes still never communicate.
+(:mod:`conduit.distributed.ratelimit`): pushes still never communicate, but wait for their rank's
+part of the room, which each sync shares out.
 
 **Faults.** Every collective is bounded by ``timeout_s``; a rank that died or
 stalled makes the others' next collective raise :class:`RankFailed` naming it
@@ -76,7 +77,18 @@ from conduit.distributed.group import RankGroup
 from conduit.distributed.options import DistributedStats, Routing, Sampling, validate, validate_rate
 from conduit.distributed.plan import DeliveryMode
 from conduit.distributed.ratelimit import GroupRateLimit
-from conduit.distributed.replay import HEAD, PUSHED, ROWS, SPEC, ReplayShare, ShardedBatch, shard_config, shard_mass
+from conduit.distributed.replay import (
+    HEAD,
+    PUSHED,
+    ROWS,
+    SINCE,
+    SPEC,
+    WANT,
+    ReplayShare,
+    ShardedBatch,
+    shard_config,
+    shard_mass,
+)
 from conduit.distributed.shards import shard_storage
 from conduit.errors import ConfigError, SemanticsError, SpecError
 from conduit.hooks import HookKind, HookRegistry, Reader, Writer
@@ -127,6 +139,7 @@ class DistributedConduit:
         self.sampling = Sampling(sampling)
         self.routing = Routing(routing)
         validate(cfg, self.routing)
+        validate_rate(cfg, self.sampling, dist.get_world_size(group))  # before the group forms: nothing to undo
         self.group = RankGroup(cfg.timeout_s, group)
         self.rank, self.world = self.group.rank, self.group.world
         self.registry = registry or HookRegistry()
@@ -152,8 +165,8 @@ class DistributedConduit:
         self._spec: ExperienceSpec | None = spec
         self._closed = False
         self._channels: list[Any] = []
-        validate_rate(cfg, self.sampling, self.world)
-        self.rate = GroupRateLimit(cfg.rate_limit, cfg.sample_min, self.world) if cfg.rate_limit else None
+        self.rate = (GroupRateLimit(cfg.rate_limit, cfg.sample_min, self.rank, self.world, self.group.check)
+                     if cfg.rate_limit is not None else None)
         if cfg.policy is Policy.OFF_POLICY:
             assert cfg.capacity is not None
             self.capacities = smp.shard_capacities(cfg.capacity, self.world, shares)
@@ -210,11 +223,12 @@ class DistributedConduit:
                 return
         try:
             self.shard.push(data, timeout=timeout, copy=copy)
-        except SpecError:
-            with self._lock:
-                self._counts["pushed"] -= n  # a refused push changes nothing, as on one runtime
+        except BaseException as e:
             if self.rate is not None:
-                self.rate.give_back(n)
+                self.rate.give_back(n)  # nothing was inserted: the ratio counts it back
+            if isinstance(e, SpecError):
+                with self._lock:
+                    self._counts["pushed"] -= n  # a refused push changes nothing, as on one runtime
             raise
         with self._lock:
             self._counts["ingested"] += n
@@ -268,20 +282,24 @@ class DistributedConduit:
             moving = self._outbox_rows
         payload = [dumps(o) if o["units"] or o["priorities"] else torch.empty(0, dtype=torch.uint8) for o in outbox]
         sizes = [int(p.numel()) for p in payload]
-        state = self.group.gather(self._state_vector(give_up, sizes), "sync (state and outbox sizes)")
-        pending = state[:, HEAD:].to(torch.int64)
-        if int(pending.sum()):
-            recv = self.group.exchange(torch.cat(payload), sizes, pending[:, self.rank].tolist(),
-                                       "sync (routed units and priority updates)", rows=False)
-            with self._lock:
-                self._outbox_rows -= moving  # handed over: the receiving shards count them in
-            self._receive(recv, pending[:, self.rank].tolist())
-            state = self.group.gather(self._state_vector(give_up, [0] * self.world), "sync (state)")
-        else:
-            with self._lock:
-                self._outbox_rows -= moving
-        if self.rate is not None:
-            self.rate.synced(int(state[:, PUSHED].sum()))
+        try:
+            state = self.group.gather(self._state_vector(give_up, sizes), "sync (state and outbox sizes)")
+            pending = state[:, HEAD:].to(torch.int64)
+            if int(pending.sum()):
+                recv = self.group.exchange(torch.cat(payload), sizes, pending[:, self.rank].tolist(),
+                                           "sync (routed units and priority updates)", rows=False)
+                with self._lock:
+                    self._outbox_rows -= moving  # handed over: the receiving shards count them in
+                self._receive(recv, pending[:, self.rank].tolist())
+                state = self.group.gather(self._state_vector(give_up, [0] * self.world), "sync (state)")
+            else:
+                with self._lock:
+                    self._outbox_rows -= moving
+            if self.rate is not None:
+                self.rate.synced(state[:, PUSHED].numpy(), state[:, WANT].numpy(), state[:, SINCE].numpy())
+        finally:
+            if self.rate is not None:
+                self.rate.end_sync()  # pushes wait while a sync is under way, and not a moment longer
         self.agree_on_spec(state[:, SPEC].numpy())
         return state[:, :HEAD].numpy()
 
@@ -299,8 +317,8 @@ class DistributedConduit:
         buf = self.shard.buffer if self.shard is not None else None
         rows = float(buf.rows) if buf is not None else 0.0
         mass, low = shard_mass(buf, self.config)
-        pushed = float(self.rate.snapshot()) if self.rate is not None else 0.0
-        head = [rows, mass, low, self.spec_key(), float(buf.inserted if buf else 0), float(give_up), pushed]
+        rate = self.rate.snapshot() if self.rate is not None else (0, 0, 0)
+        head = [rows, mass, low, self.spec_key(), float(buf.inserted if buf else 0), float(give_up), *map(float, rate)]
         return torch.tensor(head + [float(s) for s in sizes], dtype=torch.float64)
 
     def spec_key(self) -> float:

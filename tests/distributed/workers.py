@@ -212,12 +212,13 @@ RATE = {"samples_per_insert": 1.0, "min_size": 32, "batch": 8}
 
 def rate_limited(rank: int, world: int, ck: str) -> dict[str, Any]:
     """The group's samples-per-insert ratio: an actor thread pushes as fast as the ratio admits while the learner
-    pulls (blocking), and a checkpoint carries the counts on; then, non-blocking, pushes until refused and pulls
-    until refused."""
+    pulls (blocking, overlapped), and a checkpoint carries the counts on; then, non-blocking, pushes until refused
+    and pulls until refused."""
     tol = 2 * world * RATE["batch"]
     kw = dict(policy="off_policy", train_batch_size=RATE["batch"], capacity=1000 * world, seed=11, timeout_s=30,
               min_size_to_sample=RATE["min_size"])
-    edp = cd.Conduit(rate_limit={"samples_per_insert": RATE["samples_per_insert"], "tolerance": tol}, **kw)
+    edp = cd.Conduit(rate_limit={"samples_per_insert": RATE["samples_per_insert"], "tolerance": tol},
+                     pinned={"delivery_overlap": True}, **kw)  # exchanges drawn ahead wait for inserts on the lane
     stop = threading.Event()
 
     def actor() -> None:
@@ -244,7 +245,7 @@ def rate_limited(rank: int, world: int, ck: str) -> dict[str, Any]:
     edp = cd.Conduit(rate_limit={"samples_per_insert": RATE["samples_per_insert"], "tolerance": tol}, **kw)
     edp.restore(ck)
     edp.sync()
-    saved = read_manifest(ck)["counts"]["pushed"]
+    saved = read_manifest(ck)["rate"]["inserts"]
     carried = [edp.rate.limiter.inserts, edp.rate.limiter.samples, saved]
     edp.close()
     edp = cd.Conduit(rate_limit={"samples_per_insert": RATE["samples_per_insert"], "tolerance": tol, "block": False},

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from fractions import Fraction
 
 __all__ = ["NO_LIMIT", "RateLimiter"]
 
@@ -39,6 +40,9 @@ class RateLimiter:
             raise ValueError(f"samples_per_insert must be > 0, got {self.samples_per_insert}")
         if self.tolerance < 0:
             raise ValueError(f"tolerance must be >= 0, got {self.tolerance}")
+        spi, tol = self.samples_per_insert, self.tolerance
+        self._spi = Fraction(spi).as_integer_ratio() if spi is not None else (0, 1)
+        self._tol = Fraction(tol).as_integer_ratio() if math.isfinite(tol) else None  # None: no band
         self.inserts = 0  # rows admitted
         self.samples = 0  # rows delivered to learners
         self.reserved = 0  # rows sampled for staged batches not yet delivered
@@ -53,28 +57,34 @@ class RateLimiter:
         spi = self.samples_per_insert or 0.0
         return self.inserts * spi - (self.samples + self.reserved)
 
+    # The decisions compare in integers: the ratio p/q and the tolerance a/b are the floats' exact binary values,
+    # so a decision never depends on the order counts were added in (float sums at the band's edge do).
+    def _excess(self, inserts: int, samples: int) -> int:
+        """``((inserts - min_size) · spi - samples) · q · b``: the diff from the band's centre, scaled to an int."""
+        p, q = self._spi
+        return ((inserts - self.min_size) * p - samples * q) * self._tol[1]
+
     def can_insert(self, rows: int) -> bool:
-        if self.samples_per_insert is None or self.inserts + rows <= self.min_size:
+        if self.samples_per_insert is None or self.inserts + rows <= self.min_size or self._tol is None:
             return True
-        return self.diff() + rows * self.samples_per_insert <= self._centre + self.tolerance
+        return self._excess(self.inserts + rows, self.samples + self.reserved) <= self._tol[0] * self._spi[1]
 
     def insert_room(self) -> int:
-        """Rows that may be inserted now: :meth:`can_insert` admits up to it and not one more (rounding of the
-        band's edge included); ``NO_LIMIT`` without a ratio."""
-        if self.samples_per_insert is None:
+        """Rows that may be inserted now: :meth:`can_insert` admits up to it and not one more; ``NO_LIMIT``
+        without a ratio or a band."""
+        if self.samples_per_insert is None or self._tol is None:
             return NO_LIMIT
-        band = (self._centre + self.tolerance - self.diff()) / self.samples_per_insert
-        k = max(self.min_size - self.inserts, math.floor(band) + 1, 0)
-        while k > 0 and not self.can_insert(k):  # floor(band) + 1 at most; a step or two where rounding bites
-            k -= 1
-        return k
+        (p, q), (a, b) = self._spi, self._tol
+        # the largest k with ((inserts + k - min) · p - samples · q) · b <= a · q
+        top = (a * q + (self.samples + self.reserved) * q * b) // (p * b) + self.min_size - self.inserts
+        return max(self.min_size - self.inserts, top, 0)
 
     def can_sample(self, rows: int, size: int) -> bool:
         if size < self.min_size:
             return False
-        if self.samples_per_insert is None:
+        if self.samples_per_insert is None or self._tol is None:
             return True
-        return self.diff() - rows >= self._centre - self.tolerance
+        return self._excess(self.inserts, self.samples + self.reserved + rows) >= -self._tol[0] * self._spi[1]
 
     def insert(self, rows: int) -> None:
         with self._lock:

@@ -80,6 +80,7 @@ def save(edp: DistributedConduit, path: str | Path) -> Path:
             report["rows"] = int(next(iter(rows.values())).shape[0]) if rows else 0
         report["counts"] = edp.counters()
         report["rate_pushed"] = edp.rate.pushed if edp.rate is not None else 0
+        report["ahead"] = len(edp.replay.ready) if edp.replay is not None else 0
     except Exception as e:  # every rank must still reach the gather below, or the others time out
         report = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     reports = edp.group.gather_object(report, "save (shards written)")
@@ -114,8 +115,8 @@ def _rate_counts(edp: DistributedConduit, reports: list[dict[str, Any]]) -> dict
     drawn ahead and not yet handed out (the checkpoint does not hold them: they were never delivered)."""
     if edp.rate is None:
         return None
-    ahead = len(edp.replay.ready) if edp.replay is not None else 0  # the same on every rank
-    samples = edp.rate.limiter.samples - ahead * edp.world * edp.config.train_batch_size
+    ahead = sum(int(r["ahead"]) for r in reports)  # batches each learner holds drawn, not yet handed out
+    samples = edp.rate.limiter.samples - ahead * edp.config.train_batch_size
     return {"inserts": sum(int(r["rate_pushed"]) for r in reports), "samples": samples}
 
 
@@ -148,9 +149,6 @@ def restore(edp: DistributedConduit, path: str | Path) -> dict[str, Any]:
             _redeal(edp, p, doc)
         if edp.rank == 0:
             edp.add_counts(doc["counts"])
-        if edp.rate is not None and doc.get("rate") is not None:  # the ratio continues (saved without one: anew)
-            inserts, samples = int(doc["rate"]["inserts"]), int(doc["rate"]["samples"])
-            edp.rate.restored(inserts, inserts if edp.rank == 0 else 0, samples)
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
     errors = edp.group.gather_object(error, "restore (shards loaded)")
@@ -158,6 +156,9 @@ def restore(edp: DistributedConduit, path: str | Path) -> dict[str, Any]:
     if failed:
         raise CheckpointError(f"{p}: ranks failed to restore: {failed}")
     edp.shared_rng.bit_generator.state = doc["shared_rng"]
+    if edp.rate is not None and doc.get("rate") is not None:  # the ratio continues (saved without one: anew)
+        inserts, samples = int(doc["rate"]["inserts"]), int(doc["rate"]["samples"])
+        edp.rate.restored(inserts, inserts if edp.rank == 0 else 0, samples)
     return doc
 
 

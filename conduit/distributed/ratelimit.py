@@ -30,6 +30,7 @@ the room once learners sample, so it is refused at once, saying so.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,11 +39,12 @@ import numpy as np
 
 from conduit.config import RateLimit
 from conduit.errors import ConduitTimeout, RateLimited, RuntimeClosed, SemanticsError
-from conduit.ratelimit import RateLimiter
+from conduit.ratelimit import NO_LIMIT, RateLimiter
 
 __all__ = ["GroupRateLimit", "allocate"]
 
 _POLL_S = 0.1  # how often a waiting push looks at the group's health
+_REFUSED = "refused"  # the head's key when it is a refused push (its retry is another call)
 
 
 def allocate(room: int, wants: Sequence[int], since: Sequence[int]) -> list[int]:
@@ -72,11 +74,13 @@ class GroupRateLimit:
         min_size: rows the group holds before any sample (``min_size_to_sample``).
         rank, world: this rank, and the ranks sharing the room.
         check: raises if the group failed (a waiting push gives up with the group's error).
+        patience_s: how long a refused push (``block=False``) keeps its claim on room without a retry.
     """
 
     def __init__(self, rate: RateLimit, min_size: int, rank: int, world: int,
-                 check: Callable[[], None] = lambda: None) -> None:
+                 check: Callable[[], None] = lambda: None, patience_s: float = 60.0) -> None:
         self.limiter = RateLimiter(min_size, rate.samples_per_insert, rate.tolerance)  # the group's counts
+        self.patience_s = patience_s
         self.block = rate.block
         self.rank, self.world = rank, world
         self._check = check
@@ -87,7 +91,9 @@ class GroupRateLimit:
         self._syncs = 0  # syncs so far: the same count on every rank
         self._syncing = False
         self._waiting: dict[object, tuple[int, int]] = {}  # pushes waiting for room: (rows, since which sync)
-        self._refused: tuple[int, int] | None = None  # the last push refused at once (block=False), not yet retried
+        #: the last push refused at once (block=False), not yet retried: rows, since which sync, when refused
+        self._refused: tuple[int, int, float] | None = None
+        self._head: tuple[object, int] | None = None  # the push the last snapshot asked room for, and its rows
         self._closed = False
 
     @property
@@ -95,6 +101,8 @@ class GroupRateLimit:
         """The largest unit that always fits, in time: the room the band leaves once learners sample down to
         its floor (from ``2·tolerance`` less one draw, at least ``tolerance``, in samples)."""
         assert self.limiter.samples_per_insert is not None
+        if not math.isfinite(self.limiter.tolerance):
+            return NO_LIMIT
         return int(self.limiter.tolerance / self.limiter.samples_per_insert)
 
     @property
@@ -115,14 +123,16 @@ class GroupRateLimit:
         token = object()
         with self._cond:
             try:
-                while self._syncing or self._pushed + rows - self._base > self._part:
+                while self._syncing or rows > self._room_for(token, rows):
                     if self._closed:
                         raise RuntimeClosed("the runtime closed while a push waited for the ratio")
                     if not self.block and not self._syncing:
                         old = self._refused
-                        self._refused = (rows, old[1] if old is not None and old[0] == rows else self._syncs)
+                        kept = old is not None and old[0] == rows  # a retry keeps its place in line
+                        self._refused = (rows, old[1] if kept else self._syncs, time.monotonic())
                         raise RateLimited(f"push of {rows} rows would break the group's sample/insert ratio "
-                                          f"({self._describe()}); the next sync keeps room for it")
+                                          f"({self._describe()}); syncs keep room for a retry within "
+                                          f"{self.patience_s:.3g}s")
                     self._waiting.setdefault(token, (rows, self._syncs))
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -131,10 +141,27 @@ class GroupRateLimit:
                     self._check()
                     self._cond.wait(min(left, _POLL_S))
                 self._pushed += rows
-                if self._refused is not None and rows >= self._refused[0]:
-                    self._refused = None
+                if self._is_head(token, rows):
+                    self._head = None
+                    if self._refused is not None and self._refused[0] == rows:
+                        self._refused = None
             finally:
                 self._waiting.pop(token, None)
+                if self._head is not None and self._head[0] is token:
+                    self._head = None  # it gave up: its rows are anyone's
+                    self._cond.notify_all()
+
+    def _is_head(self, token: object, rows: int) -> bool:
+        """Whether this push is the one the last sync kept room for (a waiting push, or a refused one retried)."""
+        head = self._head
+        return head is not None and (head[0] is token or (head[0] == _REFUSED and head[1] == rows))
+
+    def _room_for(self, token: object, rows: int) -> int:
+        """Rows this push may take of the rank's part: all of it for the head, what the head leaves for others."""
+        left = self._part - (self._pushed - self._base)
+        if self._head is not None and not self._is_head(token, rows):
+            left -= self._head[1]
+        return left
 
     def give_back(self, rows: int) -> None:
         """A counted push failed before it inserted anything."""
@@ -152,12 +179,18 @@ class GroupRateLimit:
         the sync's state vector. No push is admitted from here until :meth:`synced` (or :meth:`end_sync`)."""
         with self._cond:
             self._syncing = True
-            wants = [*self._waiting.values(), *([self._refused] if self._refused is not None else [])]
-            rows, since = min(wants, key=lambda w: (w[1], -w[0]), default=(0, 0))
-            return self._pushed, rows, since
+            if self._refused is not None and time.monotonic() - self._refused[2] > self.patience_s:
+                self._refused = None  # never retried: it holds no room any longer
+            wants: list[tuple[object, int, int]] = [(k, r, s) for k, (r, s) in self._waiting.items()]
+            if self._refused is not None:
+                wants.append((_REFUSED, self._refused[0], self._refused[1]))
+            head = min(wants, key=lambda w: (w[2], -w[1]), default=None)
+            self._head = (head[0], head[1]) if head is not None else None
+            return self._pushed, head[1] if head else 0, head[2] if head else 0
 
     def synced(self, pushed: np.ndarray, wants: np.ndarray, since: np.ndarray) -> None:
-        """The group's gathered snapshots: its inserts, and this rank's part of the room."""
+        """The group's gathered snapshots: its inserts, and this rank's part of the room (its head's rows kept
+        for it within the part, until it takes them or gives up)."""
         with self._cond:
             self.limiter.inserts = int(pushed.sum())
             self._part = allocate(self.limiter.insert_room(), wants.astype(int).tolist(),

@@ -223,12 +223,11 @@ class DistributedConduit:
                 return
         try:
             self.shard.push(data, timeout=timeout, copy=copy)
-        except BaseException as e:
+        except SpecError:
+            with self._lock:
+                self._counts["pushed"] -= n  # a refused push changes nothing, as on one runtime
             if self.rate is not None:
-                self.rate.give_back(n)  # nothing was inserted: the ratio counts it back
-            if isinstance(e, SpecError):
-                with self._lock:
-                    self._counts["pushed"] -= n  # a refused push changes nothing, as on one runtime
+                self.rate.give_back(n)  # (a push that timed out is still queued: it inserts, and counts)
             raise
         with self._lock:
             self._counts["ingested"] += n

@@ -160,14 +160,45 @@ def test_a_push_that_waits_past_its_timeout_a_close_or_a_failed_group_says_why()
         b.admit(1, timeout=10)
 
 
-def test_a_refused_push_is_kept_room_for_at_the_next_sync() -> None:
+def test_a_refused_push_is_kept_room_for_until_it_is_retried() -> None:
     ranks = group(4, block=False)
     a = ranks[0]
     unit = a._part + 1  # more than an even part
-    with pytest.raises(RateLimited, match="keeps room for it"):
+    with pytest.raises(RateLimited, match="keep room for a retry"):
         a.admit(unit, timeout=0)
     sync(ranks)
+    sync(ranks)  # a retry after several syncs keeps its place
+    others = a._part - unit
+    assert not push(a, others + 1)  # the room kept for the retry is not anyone else's on the rank
     a.admit(unit, timeout=0)
+
+
+def test_a_refused_push_never_retried_stops_holding_room() -> None:
+    """A rank whose unit was refused and dropped must not hold the group's room for ever."""
+    ranks = [GroupRateLimit(RateLimit(samples_per_insert=1.0, tolerance=32.0, block=False), 32, r, 2,
+                            patience_s=0.0) for r in range(2)]
+    a, b = ranks
+    a.admit(32, timeout=0)
+    with pytest.raises(RateLimited):
+        a.admit(32, timeout=0)  # refused, and the actor drops it
+    sync(ranks)  # past its patience: not asked for, so the room left (32 rows) is split again
+    assert a._part == b._part == 16 and push(b, 16)
+
+
+def test_a_push_waiting_for_room_keeps_it_from_the_rank_s_other_pushes() -> None:
+    ranks = group(2, block=True)
+    a = ranks[0]
+    use_part(a)
+    got = threading.Event()
+    t = threading.Thread(target=lambda: (a.admit(a.most_rows, timeout=10), got.set()))
+    t.start()
+    while not a._waiting:
+        threading.Event().wait(0.01)
+    for r in ranks:
+        r.drew(200)  # room for the big unit and more
+    sync(ranks)
+    t.join(10)
+    assert got.is_set()
 
 
 def test_a_unit_that_may_never_fit_is_refused_at_once() -> None:

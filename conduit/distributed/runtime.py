@@ -165,8 +165,8 @@ class DistributedConduit:
         self._spec: ExperienceSpec | None = spec
         self._closed = False
         self._channels: list[Any] = []
-        self.rate = (GroupRateLimit(cfg.rate_limit, cfg.sample_min, self.rank, self.world, self.group.check)
-                     if cfg.rate_limit is not None else None)
+        self.rate = (GroupRateLimit(cfg.rate_limit, cfg.sample_min, self.rank, self.world, self.group.check,
+                                    patience_s=cfg.timeout_s) if cfg.rate_limit is not None else None)
         if cfg.policy is Policy.OFF_POLICY:
             assert cfg.capacity is not None
             self.capacities = smp.shard_capacities(cfg.capacity, self.world, shares)

@@ -64,6 +64,9 @@ def validate_rate(cfg: ConduitConfig, sampling: Sampling, world: int) -> None:
     if sampling is Sampling.LOCAL:
         raise ConfigError("rate_limit needs sampling='global': the group's samples are counted where the ranks draw "
                           "together, and local pulls never meet")
+    if not cfg.rate_limit.block and cfg.pinned.delivery_overlap:
+        raise ConfigError("rate_limit.block=False with delivery_overlap pinned on: a draw the ratio refuses must "
+                          "raise RateLimited in the learner's pull, not on the collective thread drawing ahead")
     g = cfg.pinned.delivery_granularity
     g = max(1, math.ceil(as_granularity(g))) if g is not None else 1  # unpinned: the planner tries only g that fit
     if cfg.rate_limit.tolerance < world * g * cfg.train_batch_size:

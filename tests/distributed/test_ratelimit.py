@@ -10,9 +10,10 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from conduit.config import RateLimit
+from conduit.config import ConduitConfig, RateLimit
+from conduit.distributed.options import Sampling, validate_rate
 from conduit.distributed.ratelimit import GroupRateLimit, allocate
-from conduit.errors import ConduitTimeout, RateLimited, RuntimeClosed, SemanticsError
+from conduit.errors import ConduitTimeout, ConfigError, RateLimited, RuntimeClosed, SemanticsError
 from conduit.ratelimit import RateLimiter
 
 SPI, TOL, MIN = 2.0, 48.0, 16
@@ -216,3 +217,19 @@ def test_a_restore_shares_out_the_room_the_checkpoint_left() -> None:
     assert not any(push(r, 1) for r in ranks)
     sync(ranks)
     assert ranks[0].limiter.inserts == full.inserts
+
+
+@pytest.mark.parametrize(("extra", "sampling", "message"), [
+    ({}, Sampling.LOCAL, "needs sampling='global'"),
+    ({"rate_limit": {"samples_per_insert": 1.0, "tolerance": 16.0}}, Sampling.GLOBAL, "smaller than one exchange"),
+    ({"pinned": {"delivery_granularity": "2"}}, Sampling.GLOBAL, "granularity 2"),
+    ({"rate_limit": {"samples_per_insert": 1.0, "tolerance": 64.0, "block": False},
+      "pinned": {"delivery_overlap": True}}, Sampling.GLOBAL, "block=False with delivery_overlap"),
+])
+def test_a_ratio_the_group_could_never_keep_is_refused_before_it_forms(extra: dict, sampling: Sampling,
+                                                                       message: str) -> None:
+    fields = {"policy": "off_policy", "train_batch_size": 8, "capacity": 1000,
+              "rate_limit": {"samples_per_insert": 1.0, "tolerance": 32.0}, **extra}
+    with pytest.raises(ConfigError, match=message):
+        validate_rate(ConduitConfig(**fields), sampling, world=4)
+    validate_rate(ConduitConfig(**{**fields, "rate_limit": None}), sampling, world=4)  # no ratio: nothing to keep

@@ -390,12 +390,18 @@ class DistributedConduit:
         return self.on_policy.minibatches()
 
     def ready(self) -> bool:
-        """Collective under global sampling: whether a pull can be served now (enough rows over the group)."""
+        """Collective under global sampling: whether a pull can be served now (a batch drawn ahead, or enough
+        rows over the group and, under ``rate_limit``, inserts enough for the next exchange's draw)."""
         if self.sampling is Sampling.LOCAL and self.shard is not None:
             self.start()
             assert self.shard.buffer is not None
             return self.shard.buffer.rows >= self.local_sample_min()
-        return bool(self.sync()[:, ROWS].sum() >= self.config.sample_min)
+        size = int(self.sync()[:, ROWS].sum())  # (drains an exchange in flight into the drawn-ahead batches)
+        if self.replay is not None and self.replay.ready:
+            return True
+        g = self.replay.mode.g if self.replay is not None else 1
+        draw = self.world * g * self.config.train_batch_size
+        return size >= self.config.sample_min and (self.rate is None or self.rate.can_draw(draw, size))
 
     def local_sample_min(self) -> int:
         """Rows this shard needs before local sampling starts: its share of ``min_size_to_sample``."""

@@ -119,6 +119,7 @@ def test_the_group_keeps_one_buffers_sample_insert_ratio(group_runs, world):
     assert inserted * spi <= centre + tol and all(r["pushed"] > 0 for r in res["ranks"])
     assert all(r["pulls"] == first["pulls"] and r["refused"] for r in res["ranks"])
     assert "sample/insert ratio" in first["refused"]
+    assert first["ready"] == [True] * first["pulls"] + [False]  # ready() said which pull the ratio would refuse
     assert inserted * spi - first["pulls"] * pull_rows >= centre - tol > inserted * spi - (first["pulls"] + 1) * pull_rows
 
 

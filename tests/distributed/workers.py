@@ -257,15 +257,16 @@ def rate_limited(rank: int, world: int, ck: str) -> dict[str, Any]:
             pushed += 4
     except conduit.RateLimited:
         pass
-    pulls, refused = 0, None
+    pulls, refused, ready = 0, None, []
     try:
         for _ in range(1000):
+            ready.append(edp.ready())
             edp.pull()
             pulls += 1
     except conduit.RateLimited as e:
         refused = str(e)
     every = edp.group.gather_object({"seen": seen, "final": final, "carried": carried, "pushed": pushed,
-                                     "pulls": pulls, "refused": refused}, "test: gather")
+                                     "pulls": pulls, "refused": refused, "ready": ready}, "test: gather")
     edp.close()
     return {"ranks": every, "tolerance": tol}
 

@@ -48,11 +48,6 @@ class RateLimiter:
         self.reserved = 0  # rows sampled for staged batches not yet delivered
         self._lock = threading.Lock()
 
-    @property
-    def _centre(self) -> float:
-        assert self.samples_per_insert is not None
-        return self.samples_per_insert * self.min_size
-
     def diff(self) -> float:
         spi = self.samples_per_insert or 0.0
         return self.inserts * spi - (self.samples + self.reserved)

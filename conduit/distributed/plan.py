@@ -46,7 +46,7 @@ from conduit.config import ConduitConfig
 from conduit.core import as_granularity
 from conduit.scheduling.noise import Spread, beats, noise
 
-__all__ = ["DeliveryMode", "DeliveryPlanner", "candidates", "choose", "drifted"]
+__all__ = ["DeliveryMode", "DeliveryPlanner", "candidates", "choose", "drifted", "group_spread"]
 
 
 @dataclass(frozen=True)
@@ -77,11 +77,15 @@ def candidates(config: ConduitConfig) -> tuple[DeliveryMode, ...]:
     return tuple(sorted({DeliveryMode(o, g) for o in overlaps for g in gs}, key=_order))
 
 
+def group_spread(windows: np.ndarray) -> Spread:
+    """The group's spread of ``windows[rank, window]`` (seconds per pull): each window's mean over ranks."""
+    return Spread.of(np.asarray(windows, dtype=np.float64).mean(axis=0).tolist())
+
+
 def choose(modes: tuple[DeliveryMode, ...], windows: np.ndarray, margin: float) -> tuple[int, list[Spread]]:
     """The plan's index among ``modes``, and each mode's spread, from ``windows[rank, mode, window]`` (seconds per
     pull). Pure: the same matrix gives the same answer on every rank."""
-    per = np.asarray(windows, dtype=np.float64).mean(axis=0)
-    spreads = [Spread.of(row.tolist()) for row in per]
+    spreads = [group_spread(np.asarray(windows)[:, i]) for i in range(len(modes))]
     base = 0  # the finest, simplest candidate: inline g=1 unless pinned away
     winners = [i for i in range(len(modes)) if i == base or beats(spreads[i], spreads[base], margin)]
     fastest = min(winners, key=lambda i: (spreads[i].median, _order(modes[i])))
@@ -93,7 +97,7 @@ def choose(modes: tuple[DeliveryMode, ...], windows: np.ndarray, margin: float) 
 def drifted(planned: Spread, windows: np.ndarray, drift: float, margin: float) -> bool:
     """Whether the chosen mode's watched ``windows[rank, window]`` (seconds per pull) left ``planned``, its probe's
     figure, by more than ``drift`` of it and more than the noise of the two. Pure, as :func:`choose`."""
-    recent = Spread.of(np.asarray(windows, dtype=np.float64).mean(axis=0).tolist())
+    recent = group_spread(windows)
     gap = abs(recent.median - planned.median)
     return gap > drift * planned.median and gap > noise(recent, planned, margin)
 
@@ -198,7 +202,7 @@ class DeliveryPlanner:
         if not drifted(planned, windows, self.drift, self.margin):
             self._window_start = now
             return False
-        recent = float(np.median(np.asarray(windows, dtype=np.float64).mean(axis=0)))
+        recent = group_spread(windows).median
         self.replans.append(f"{self.modes[self.chosen]} measured {recent * 1e3:.3f} ms/pull against the probe's "
                             f"{planned.median * 1e3:.3f}")
         self._restart()

@@ -87,7 +87,7 @@ class GroupRateLimit:
         self._cond = threading.Condition()
         self._pushed = 0  # rows this rank admitted, ever
         self._base = 0  # ... as of the last sync
-        self._part = allocate(self.limiter.insert_room(), [0] * world, [0] * world)[rank]  # rows beyond _base
+        self._part = self.limiter.insert_room() // world  # rows beyond _base: an even part (no push waits yet)
         self._syncs = 0  # syncs so far: the same count on every rank
         self._syncing = False
         self._waiting: dict[object, tuple[int, int]] = {}  # pushes waiting for room: (rows, since which sync)
@@ -227,7 +227,7 @@ class GroupRateLimit:
             self._pushed += mine
             self._base = self._pushed
             self.limiter.inserts, self.limiter.samples = inserts, samples
-            self._part = allocate(self.limiter.insert_room(), [0] * self.world, [0] * self.world)[self.rank]
+            self._part = self.limiter.insert_room() // self.world  # an even part: no push waits on a fresh rank
             self._cond.notify_all()
 
     def close(self) -> None:

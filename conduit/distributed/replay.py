@@ -103,7 +103,7 @@ class ReplayShare:
             # thread (block=False), never on the lane, where it would be a failure of the rank
             fits = [m for m in modes if edp.world * m.g * cfg.train_batch_size <= rate.tolerance
                     and (rate.block or not m.overlap)]
-            modes = tuple(fits) or (DeliveryMode(False, 1),)
+            modes = tuple(fits)  # never empty: validate_rate refused a pinned mode that does not fit
             lone = lone or not rate.block
         planner = DeliveryPlanner(modes) if auto and edp.sampling.value == "global" else None
         return cls(edp, DeliveryMode(bool(prior.overlap) and not lone, int(prior.granularity)), planner)

@@ -20,6 +20,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,  # plain click help: flags shown as flags (no "<bool>"), choices listed
 )
 
 app.command("profile")(_profile.profile)
@@ -27,8 +28,21 @@ app.command("plan")(_plan.plan)
 app.add_typer(_harness.lazy_app(), name="bench")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from conduit._version import __version__
+
+        typer.echo(f"conduit {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what the runtime does.")) -> None:
+def _main(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what the runtime does."),
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print Conduit's version and exit."
+    ),
+) -> None:
     level = logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 

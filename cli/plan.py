@@ -65,13 +65,14 @@ def load_topology(spec: str | None) -> tuple[Topology, str]:
 
         return this_machine_topology(), "profiled live"
     path = Path(spec)
-    if path.suffix.lower() in (".json", ".yaml", ".yml") or path.exists():
+    if path.exists():
         return Topology.load(path), f"file {spec}"
-    if spec.removesuffix(".yaml") in list_builtin_topologies():
+    if spec.removesuffix(".yaml") in list_builtin_topologies():  # the shipped file's own name works as its name
         return builtin_topology(spec), "builtin"
+    what = "no such file" if path.suffix.lower() in (".json", ".yaml", ".yml") else "not a builtin name or a file"
     raise PlacementError(
-        f"--topology: expected a builtin name ({', '.join(list_builtin_topologies())}) or a .json/.yaml file, "
-        f"received {spec!r}"
+        f"--topology {spec!r}: {what}; expected a builtin name ({', '.join(list_builtin_topologies())}) "
+        "or the path of a .json/.yaml topology file"
     )
 
 
@@ -166,7 +167,9 @@ def _map_table(rows: list[dict[str, Any]], by_dim: bool) -> Table:
 
 def plan(
     topology: str | None = typer.Option(
-        None, "--topology", "-t", help="Builtin topology name or a .json/.yaml file (default: profile this machine)."
+        None, "--topology", "-t", metavar="<name|file>",
+        help=f"Builtin topology ({', '.join(list_builtin_topologies())}) or a .json/.yaml file "
+        "(default: profile this machine).",
     ),
     capacity: int = typer.Option(1_000_000, "--capacity", "-c", min=1, help="Buffer capacity C_buf, in samples."),
     dim: int | None = typer.Option(None, "--dim", "-d", min=0, help=f"Transition dimension (default {DEFAULT_DIM})."),

@@ -27,35 +27,39 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+from click.core import ParameterSource
 from conduit.cli.errors import user_errors
+from conduit.cli.profile_options import PolicyChoice, ProfileOptions
 from conduit.cli.profile_report import print_machine, print_profile
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
     SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 
 from conduit.core import INLINE, Policy
-from conduit.errors import ConfigError, closest
-from conduit.files import read_mapping
 from conduit.scheduling.kinds import CostKind
 
 if TYPE_CHECKING:
     from conduit.core import Schedule
+    from conduit.placement import Topology
     from conduit.scheduling.host import Deadline
     from conduit.scheduling.model import Costs
     from conduit.scheduling.profiler import ProfileResult
     from conduit.scheduling.workload import SyntheticWorkload
 
-POLICIES = {"off": [Policy.OFF_POLICY], "on": [Policy.ON_POLICY], "both": [Policy.OFF_POLICY, Policy.ON_POLICY]}
 CHECK_ROUNDS = 3  # interleaved runs of the plan and of inline in the closing check (medians)
 CHECK_SHARE = 0.25  # of each workload's share of the budget, kept for the closing check
+TOPOLOGY_SHARE = 0.05  # of the budget, for the machine's topology (copy bandwidths) behind the placement
+TOPOLOGY_BYTES = 16 << 20
+
+
+def _help(name: str) -> str:
+    return str(ProfileOptions.model_fields[name].description)
 
 
 def machine_info() -> dict[str, Any]:
@@ -77,64 +81,56 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def _workloads(policy: str, fields: dict[str, Any], config: Path | None) -> list[SyntheticWorkload]:
-    """The workloads to profile: the options, overridden by the ``--config`` file's fields."""
-    from conduit.scheduling.workload import SyntheticWorkload
-
-    if config is not None:
-        fields = {**fields, **read_mapping(config, "--config file")}
-    known = set(SyntheticWorkload.__dataclass_fields__) - {"policy"}
-    unknown = sorted(set(fields) - known - {"policy"})
-    if unknown:
-        close = {k: closest(k, known) for k in unknown}
-        hints = ", ".join(f"{k!r}" + (f" (did you mean {c!r}?)" if c else "") for k, c in close.items())
-        raise ConfigError(f"--config file {str(config)!r}: unknown field(s) {hints}; valid: {', '.join(sorted(known))}")
-    return [SyntheticWorkload(policy=pol, **{k: v for k, v in fields.items() if k != "policy"})
-            for pol in POLICIES[policy]]
-
-
 def profile(
-    policy: str = typer.Option("both", help="Which loop to profile: off (DQN-like), on (PPO-like) or both."),
-    dim: int = typer.Option(1000, min=1, help="Transition dimension (float32 obs and next_obs)."),
-    batch_size: int = typer.Option(512, min=1, help="Off-policy training batch size."),
-    unit_size: int = typer.Option(256, min=1, help="Transitions per rollout unit (one push)."),
-    capacity: int = typer.Option(20_000, min=1, help="Off-policy replay capacity."),
-    units_per_iteration: int = typer.Option(4, min=1, help="On-policy rollout units per iteration."),
-    minibatches: int = typer.Option(4, min=1, help="On-policy mini-batches per epoch (M)."),
-    epochs: int = typer.Option(1, min=1, help="On-policy epochs per iteration."),
-    rollout_ms: float = typer.Option(2.0, min=0, help="Rollout cost per unit (ms)."),
-    update_ms: float = typer.Option(8.0, min=0, help="Update cost per training batch / mini-batch (ms)."),
+    ctx: typer.Context,
+    policy: PolicyChoice = typer.Option(PolicyChoice.BOTH, help="Which loop to profile: off (DQN-like), on "
+                                        "(PPO-like) or both."),
+    dim: int = typer.Option(1000, min=1, help=_help("dim")),
+    batch_size: int = typer.Option(512, min=1, help=_help("batch_size")),
+    unit_size: int = typer.Option(256, min=1, help=_help("unit_size")),
+    capacity: int = typer.Option(20_000, min=1, help=_help("capacity")),
+    units_per_iteration: int = typer.Option(4, min=1, help=_help("units_per_iteration")),
+    minibatches: int = typer.Option(4, min=1, help=_help("minibatches")),
+    epochs: int = typer.Option(1, min=1, help=_help("epochs")),
+    rollout_ms: float = typer.Option(2.0, min=0, help=_help("rollout_ms")),
+    update_ms: float = typer.Option(8.0, min=0, help=_help("update_ms")),
     cost: CostKind = typer.Option(
         CostKind.COMPUTE, help="compute: burn CPU; sleep: release it, as a GPU learner would."
     ),
-    g_max: int = typer.Option(4, min=1, max=16, help="Cap on off-policy granularities."),
-    config: Path | None = typer.Option(None, exists=True, dir_okay=False, help="JSON/YAML file with these fields."),
+    g_max: int = typer.Option(4, min=1, max=16, help=_help("g_max")),
+    config: Path | None = typer.Option(
+        None, exists=True, dir_okay=False,
+        help="JSON/YAML file whose keys are these options' names (batch_size: 256); flags given win.",
+    ),
     check: bool = typer.Option(True, help="Measure the chosen plan against the inline baseline."),
     budget: float = typer.Option(
-        90.0, min=5.0, help="Seconds the whole profile may take (a hard bound: no run starts that it cannot afford)."
+        90.0, min=5.0, help="Seconds the profile may take: no run starts that it cannot afford (Python and torch "
+        "start-up, about a second, come on top)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Write machine-readable JSON to stdout instead of tables."),
 ) -> None:
     """Profile hardware and workload, rank candidate schedules, print the chosen plan."""
     from conduit.scheduling.host import Deadline
 
-    if policy not in POLICIES:
-        raise typer.BadParameter(f"--policy must be one of {sorted(POLICIES)}, got {policy!r}")
     deadline = Deadline(budget)
-    fields: dict[str, Any] = dict(
-        dim=dim, batch_size=batch_size, unit_size=unit_size, capacity=capacity,
-        units_per_iteration=units_per_iteration, num_minibatches=minibatches, num_epochs=epochs,
-        rollout_ms=rollout_ms, update_ms=update_ms, cost=cost,
+    flags: dict[str, Any] = dict(
+        policy=policy, dim=dim, batch_size=batch_size, unit_size=unit_size, capacity=capacity,
+        units_per_iteration=units_per_iteration, minibatches=minibatches, epochs=epochs,
+        rollout_ms=rollout_ms, update_ms=update_ms, cost=cost, g_max=g_max,
     )
+    explicit = {k for k in flags if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE}
     with user_errors():
-        workloads = _workloads(policy, fields, config)
+        options = ProfileOptions.build(flags, explicit, config)
+    workloads = options.workloads()
+    g_max = options.g_max
     console = Console(stderr=as_json)
     out: dict[str, Any] = {"machine": machine_info(), "budget_s": budget, "workloads": []}
     if not as_json:
         print_machine(console, out["machine"])
+    topology = _topology(deadline)  # inside the budget: placement is part of the plan
     for i, workload in enumerate(workloads):
         share = deadline.share(1.0 / (len(workloads) - i))  # what is left, split over the workloads left
-        out["workloads"].append(_profile_one(console, workload, g_max, check, as_json, share))
+        out["workloads"].append(_profile_one(console, workload, g_max, check, as_json, share, topology, deadline))
     out["seconds"] = deadline.spent
     if as_json:
         json.dump(out, sys.stdout, indent=2, default=str)
@@ -144,21 +140,22 @@ def profile(
 
 
 class Steps:
-    """What the profile is doing, step by step: a progress bar with steps done/total, elapsed and remaining in a
-    terminal; elsewhere (redirected, CI) one line per finished step, so the log is never silent for minutes."""
+    """What the profile is doing, step by step, and how much of the budget is left: a bar over the budget's
+    seconds in a terminal; elsewhere (redirected, CI, ``--json``: on stderr) one line per finished step, so the
+    log is never silent for minutes. Steps are numbered as they come, with no total: how many runs a profile
+    takes depends on what it measures, and a total that moved would mislead."""
 
-    def __init__(self, console: Console, label: str, total: int, quiet: bool) -> None:
-        self.console, self.label, self.total, self.quiet = console, label, total, quiet
+    def __init__(self, console: Console, label: str, deadline: Deadline) -> None:
+        self.console, self.label, self.deadline = console, label, deadline
         self.done = 0
         self.current: str | None = None
-        self.t_start = self.t_step = time.perf_counter()
-        self.live = console.is_terminal and not quiet
+        self.t_step = time.perf_counter()
+        self.live = console.is_terminal
         self.bar = Progress(
-            SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
-            MofNCompleteColumn(), TextColumn("steps"), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
-            console=console, transient=True, disable=not self.live,
+            SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[left]:.0f} s left"), console=console, transient=True, disable=not self.live,
         )
-        self.task = self.bar.add_task(label, total=total)
+        self.task = self.bar.add_task(label, total=deadline.seconds, left=deadline.left)
 
     def __enter__(self) -> Steps:
         self.bar.__enter__()
@@ -168,67 +165,73 @@ class Steps:
         self._finish()
         self.bar.__exit__(*exc)
 
-    def expect(self, more: int) -> None:
-        """Exactly ``more`` steps are left after the current one (the total so far was an estimate)."""
-        self.total = self.done + (self.current is not None) + more
-
     def step(self, what: str) -> None:
         """``what`` starts now (the step before it is done)."""
         self._finish()
         self.current = what
         self.t_step = time.perf_counter()
-        self.total = max(self.total, self.done + 1)  # a step the plan did not count (a rematch): the total grows
-        self.bar.update(self.task, description=escape(f"{self.label}: {what}"), total=self.total, completed=self.done)
+        self.bar.update(self.task, description=escape(f"{self.label}: {what}"), completed=self.deadline.spent,
+                        left=self.deadline.left)
 
     def _finish(self) -> None:
         if self.current is None:
             return
         self.done += 1
-        if not self.live and not self.quiet:
-            now = time.perf_counter()
+        if not self.live:
             self.console.print(
-                f"{self.label}: step {self.done}/{self.total} {self.current} ({now - self.t_step:.1f} s, "
-                f"{now - self.t_start:.0f} s in all)", highlight=False, markup=False, soft_wrap=True,
+                f"{self.label}: step {self.done} {self.current} ({time.perf_counter() - self.t_step:.1f} s; "
+                f"{self.deadline.left:.0f} s of the {self.deadline.seconds:.0f} s budget left)",
+                highlight=False, markup=False, soft_wrap=True,
             )
         self.current = None
-        self.bar.update(self.task, completed=self.done)
+        self.bar.update(self.task, completed=self.deadline.spent, left=self.deadline.left)
+
+
+def _topology(deadline: Deadline) -> Topology:
+    """This machine's live topology for the placement decision, within a small share of the budget (copies of
+    ``TOPOLOGY_BYTES``: the choice among host, pinned and GPU memory does not need the default 64 MiB)."""
+    from conduit.placement import profile_topology
+
+    return profile_topology(name="this_machine", nbytes=TOPOLOGY_BYTES, time_budget_s=deadline.left * TOPOLOGY_SHARE)
 
 
 def _profile_one(
-    console: Console, w: SyntheticWorkload, g_max: int, check: bool, quiet: bool, deadline: Deadline
+    console: Console, w: SyntheticWorkload, g_max: int, check: bool, quiet: bool, deadline: Deadline,
+    topology: Topology, overall: Deadline,
 ) -> dict[str, Any]:
     from conduit.scheduling.model import predict
-    from conduit.scheduling.profiler import ProfileSettings, planned_steps, profile_workload
+    from conduit.scheduling.profiler import ProfileSettings, profile_workload
 
     label = "DQN-like off-policy" if w.policy is Policy.OFF_POLICY else "PPO-like on-policy"
-    check_steps = 2 * CHECK_ROUNDS if check else 0
     settings = ProfileSettings(budget_s=deadline.left * (1 - CHECK_SHARE if check else 1.0))
-    with Steps(console, label, planned_steps(w, settings, g_max) + check_steps, quiet) as steps:
-        result = profile_workload(
-            w, settings=settings, g_max=g_max, progress=steps.step, expect=lambda n: steps.expect(n + check_steps)
-        )
+    with Steps(console, label, overall) as steps:
+        result = profile_workload(w, settings=settings, g_max=g_max, progress=steps.step)
         chosen = result.choice
         baseline = predict(result.costs, INLINE)  # an RLlib-style buffer
         notes = list(result.notes)
         measured = _check(w, result, chosen.schedule, steps, deadline, notes) if check else {}
-    kept = chosen.schedule
-    if measured.get("kept") == "inline":
-        kept = INLINE
-    placement = _placement(w)
+    kept = INLINE if measured.get("outcome") == "inline" else chosen.schedule
+    predicted = chosen if kept == chosen.schedule else baseline
+    placement = _placement(w, topology)
     doc = {
         "workload": {k: (v.value if hasattr(v, "value") else v) for k, v in w.__dict__.items()},
         "bytes_per_sample": w.bytes_per_sample,
+        # the one answer: what the profile keeps (apply this); everything below is how it got there
+        "plan": {
+            "schedule": kept.to_json(), "placement": placement["chosen"],
+            "predicted_t_iter_s": predicted.t_iter, "predicted_exposed_s": predicted.exposed,
+            "why": _why(chosen.schedule, kept, result.model_choice.schedule, bool(measured)),
+        },
         "costs": _costs_json(result.costs),
         "calibration": result.calibration,
         "candidates": [p.to_json() for p in result.ranked],
-        "chosen": {"schedule": chosen.schedule.to_json(), "placement": placement["chosen"], **chosen.to_json()},
-        "kept": kept.to_json(),
-        "placement": placement,
         "model_choice": result.model_choice.to_json(),
+        "verified_choice": chosen.to_json(),
+        "placement": placement,
         "verified": [{"schedule": s.to_json(), "t_iter_s": v.median, "low_s": v.low, "high_s": v.high,
                       "runs": v.runs} for s, v in result.spreads.items()],
         "baseline": baseline.to_json(),
-        "measured": measured,
+        "check": measured,
         "load": result.load,
         "notes": notes,
         "profile_seconds": result.seconds,
@@ -249,7 +252,6 @@ def _check(
     from conduit.scheduling.source import LiveSource
 
     checked = list(dict.fromkeys((INLINE, plan)))
-    steps.expect(len(checked) * CHECK_ROUNDS)
     source = LiveSource(w)
     alone: list[float] = []
     spreads = interleaved(
@@ -268,20 +270,30 @@ def _check(
                 "t_iter_s": v.median, "low_s": v.low, "high_s": v.high,
                 "exposed_s": max(0.0, v.median - t_alone),  # a run below the costs alone is noise, not a gain
             }
-    measured["kept"] = "chosen"
+    measured["outcome"] = "verified_choice"
     if plan != INLINE and (plan not in spreads or not beats(spreads[plan], spreads[INLINE], result.margin)):
-        measured["kept"] = "inline"
+        measured["outcome"] = "inline"
         notes.append("the check did not find the plan faster than inline by more than its noise: inline is kept")
     return measured
 
 
-def _placement(w: SyntheticWorkload) -> dict[str, Any]:
+def _why(verified: Schedule, kept: Schedule, model: Schedule, checked: bool) -> str:
+    """One sentence: how the kept plan relates to the model's and the verified choice."""
+    if kept == INLINE and verified != INLINE:
+        return "inline: the closing check did not find the verified choice faster than inline by more than its noise"
+    if kept == INLINE:
+        return "inline: no candidate beat it by more than the noise of its runs"
+    how = "the model's choice, confirmed by measured runs" if kept == model else (
+        "the fastest of the measured runs (the model ranked another first)")
+    return how + ("; the closing check found it faster than inline" if checked else "")
+
+
+def _placement(w: SyntheticWorkload, topo: Topology) -> dict[str, Any]:
     """Alg. 1 on this machine's live topology for the workload's buffer, rollouts in host memory, the learner
     on ``cuda:0`` where there is a GPU (what the runtime does for such a learner); the loop itself runs on the
     CPU in host memory, as a CPU learner's runtime does."""
-    from conduit.placement import PlacementRequest, solve_placement, this_machine_topology
+    from conduit.placement import PlacementRequest, solve_placement
 
-    topo = this_machine_topology()
     learner = "cuda:0" if topo.gpus(0) else "cpu"
     rows = w.config().placement_rows
     result = solve_placement(topo, PlacementRequest(actors="cpu", learners=learner, capacity=rows), w.bytes_per_sample)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -36,10 +37,15 @@ def print_machine(console: Console, m: dict[str, Any]) -> None:
     )
 
 
+def _table(title: str) -> Table:
+    """A table that fits 80 columns: no outer frame, two spaces between columns."""
+    return Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1, 0, 0), title_justify="left")
+
+
 def _costs_table(costs: Any) -> Table:
-    t = Table(title="Profiled costs (ms; fitted overlap costs lie between 0 and the work they overlap)")
+    t = _table("Profiled costs, ms (fitted overlap costs lie between 0 and the work they overlap)")
     t.add_column("term")
-    t.add_column("per invocation", justify="right")
+    t.add_column("per call", justify="right")
     t.add_column("per iteration", justify="right")
     t.add_row("T_rollout", "", ms(costs.t_rollout))
     t.add_row("T_update", "", ms(costs.t_update))
@@ -51,39 +57,43 @@ def _costs_table(costs: Any) -> Table:
     t.add_row("T_sync delivery (fitted)", ms(costs.t_sync_del), ms(costs.t_sync0_del))
     for path, probed in (("ingestion", costs.s_ing), ("delivery", costs.s_del)):
         for g, v in sorted(probed.items()):
-            t.add_row(f"overlap cost, {path} g={g} (probed)", "", ms(v))
-    t.add_row("overlap cost, both paths beyond each (probed)", "", ms(costs.s_both))
+            t.add_row(f"overlap cost, {path} g={g}", "", ms(v))
+    t.add_row("overlap cost, both paths", "", ms(costs.s_both))
     t.add_row("t_other (the loop's own, fitted)", "", ms(costs.t_other))
     return t
 
 
-def _candidates_table(result: Any, chosen: Any, baseline: Any) -> Table:
-    """The model's best eight, and always the plan and inline, each with predicted and measured times."""
+def _candidates_table(result: Any, chosen: Any, baseline: Any, kept: Any) -> Table:
+    """The model's best eight, and always the verified choice and inline, each with predicted and measured times;
+    ``#`` is the model's rank (a gap in it is marked), the last column marks the plan kept (``◀ plan``) and a
+    verified choice the closing check did not keep (``verified``). Inline is the row "inline g=1, inline g=1"."""
     ranked = result.ranked
-    r = Table(title="Candidate schedules, best first (model), with what the loop measured [lowest–highest run]")
+    r = _table("Candidate schedules by the model's rank, ms; measured: median \\[lowest–highest run]")
     r.add_column("#", justify="right", no_wrap=True)
-    r.add_column("role")
-    r.add_column("ingestion")
-    r.add_column("delivery")
-    r.add_column("T_iter ms model", justify="right")
-    r.add_column("exposed ms model", justify="right")
-    r.add_column("T_iter ms measured", justify="right", no_wrap=True)
+    r.add_column("ingestion", no_wrap=True)
+    r.add_column("delivery", no_wrap=True)
+    r.add_column("model", justify="right", no_wrap=True)
+    r.add_column("exposed", justify="right", no_wrap=True)
+    r.add_column("measured", justify="right", no_wrap=True)
+    r.add_column("", no_wrap=True)
     shown = [p.schedule for p in ranked[:8]]
     for must in (chosen.schedule, baseline.schedule):
         if must not in shown:
             shown.append(must)
+    last = 0
     for idx, p in enumerate(ranked, start=1):
         if p.schedule not in shown:
             continue
-        role = "plan" if p.schedule == chosen.schedule else ""
-        if p.schedule == INLINE:
-            role = "plan = inline" if role else "inline"
+        if idx > last + 1:
+            r.add_row("…", "", "", "", "", "", "")
+        last = idx
+        role = "◀ plan" if p.schedule == kept else ("verified" if p.schedule == chosen.schedule else "")
         v = result.spreads.get(p.schedule)
         measured = _ranged(v.median, v.low, v.high) if v is not None else "not run"
-        style = "bold green" if role.startswith("plan") else ("yellow" if role == "inline" else "")
+        style = "bold green" if p.schedule == kept else ("yellow" if p.schedule == INLINE else "")
         r.add_row(
-            str(idx), role, str(p.schedule.ingestion), str(p.schedule.delivery), ms(p.t_iter), ms(p.exposed),
-            measured, style=style,
+            str(idx), str(p.schedule.ingestion), str(p.schedule.delivery), ms(p.t_iter), ms(p.exposed), measured,
+            role, style=style,
         )
     return r
 
@@ -104,8 +114,8 @@ def print_profile(
         + f"; profiled in {result.seconds:.1f} s[/dim]"
     )
     console.print(_costs_table(result.costs))
-    console.print(_candidates_table(result, chosen, baseline))
-    kept = INLINE if measured.get("kept") == "inline" else chosen.schedule
+    kept = INLINE if measured.get("outcome") == "inline" else chosen.schedule
+    console.print(_candidates_table(result, chosen, baseline, kept))
     console.print(
         f"[bold green]Plan:[/bold green] placement [bold]{placement['chosen']}[/bold]; "
         f"ingestion [bold]{kept.ingestion}[/bold], delivery [bold]{kept.delivery}[/bold]; "
@@ -162,7 +172,7 @@ def measured_line(measured: dict[str, Any], same: bool) -> str:
             + (f"({change:+.0%} exposed latency" if change == change else "(inline exposes nothing measurable")
             + f"; {runs})"
         )
-        if measured.get("kept") == "inline":
+        if measured.get("outcome") == "inline":
             line += "; kept: inline (the plan did not beat it by more than the runs' noise)"
     return line + _drift_note(measured)
 

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from conduit.core import Mode
+from conduit.errors import closest
 
 __all__ = ["Batch", "BatchInfo", "DrawnRows"]
 
@@ -193,10 +194,28 @@ class Batch(Mapping[str, torch.Tensor]):
         self.info = info
 
     def __getitem__(self, key: str) -> torch.Tensor:
-        return self._data[key]
+        try:
+            return self._data[key]
+        except KeyError:
+            hint = closest(key, self._data) if isinstance(key, str) else None
+            raise KeyError(
+                f"batch has no field {key!r}" + (f" (did you mean {hint!r}?)" if hint else "")
+                + f"; its fields: {', '.join(self._data) or 'none'} (the names pushed, as the spec declares them)"
+            ) from None
+
+    def __contains__(self, key: object) -> bool:  # Mapping's would build __getitem__'s message on a miss
+        return key in self._data
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._data.get(key, default)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._data)
+
+    def clone(self) -> Batch:
+        """A copy whose tensors own their memory: keep this one past the next pull (a batch's tensors may be
+        views of the store or of a buffer the next pull reuses, and a kept view holds the whole store)."""
+        return Batch({k: v.clone() for k, v in self._data.items()}, self.info)
 
     def __len__(self) -> int:
         return len(self._data)

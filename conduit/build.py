@@ -16,6 +16,7 @@ from conduit.buffers.iterations import IterationBuffer
 from conduit.buffers.replay import ReplayBuffer
 from conduit.config import ConduitConfig
 from conduit.core import Mode, Policy, SamplerKind
+from conduit.errors import ConfigError
 from conduit.executor import FailureBox
 from conduit.paths.delivery import DeliveryPath
 from conduit.paths.minibatch import MinibatchDelivery
@@ -28,11 +29,34 @@ from conduit.spec import ExperienceSpec
 from conduit.storage import FixedStorage, StoragePolicy
 from conduit.trace import Tracer
 
-__all__ = ["buffer", "delivery", "sampler", "storage_policy", "stream_device"]
+__all__ = ["buffer", "check_devices", "delivery", "sampler", "storage_policy", "stream_device"]
 
 _SAMPLERS: dict[SamplerKind, type[Sampler]] = {
     SamplerKind.UNIFORM: UniformSampler, SamplerKind.FIFO: FifoSampler, SamplerKind.LIFO: LifoSampler,
 }
+
+
+def check_devices(cfg: ConduitConfig) -> None:
+    """Every CUDA device the config names exists here (a config may be written on a machine without GPUs and
+    sent to one with them, so this is checked where a runtime is built, not where the config is)."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    named = [("learner_device", d) for d in cfg.learner_devices]
+    if cfg.storage_device is not None and cfg.storage_device != "pinned":
+        named.append(("storage_device", cfg.storage_device))
+    for field, name in named:
+        device = torch.device(name)
+        if device.type != "cuda":
+            continue
+        if count == 0:
+            raise ConfigError(
+                f"{field}={name!r}, but this machine has no CUDA device (torch.cuda.is_available() is False): "
+                f"use {field}='cpu' here, or run where a GPU is and torch is a CUDA build"
+            )
+        if (device.index or 0) >= count:
+            raise ConfigError(
+                f"{field}={name!r}, but this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1}): "
+                "name one of those"
+            )
 
 
 def storage_policy(cfg: ConduitConfig) -> StoragePolicy:

@@ -13,6 +13,7 @@ by Conduit; they may be *pinned* here for experiments.
 
 from __future__ import annotations
 
+import warnings
 from fractions import Fraction
 from typing import Annotated, Any
 
@@ -30,7 +31,7 @@ from conduit.core import (
     ingestion_space,
     is_feasible_mode,
 )
-from conduit.errors import ConfigError, suggest
+from conduit.errors import ConfigError, UnevenMinibatches, suggest
 
 __all__ = [
     "ConduitConfig",
@@ -345,6 +346,18 @@ class ConduitConfig(_Config):
                 raise ValueError(
                     f"num_learners={self.num_learners}: each mini-batch of "
                     f"{self.train_batch_size // self.num_minibatches} rows must give every learner at least one row"
+                )
+            if self.train_batch_size % self.num_minibatches:
+                rows, m = self.train_batch_size, self.num_minibatches
+                small, n_big = divmod(rows, m)
+                big = small + 1
+                even = (small * m, big * m)
+                warnings.warn(
+                    f"train_batch_size={self.train_batch_size} does not split evenly into num_minibatches="
+                    f"{self.num_minibatches}: {n_big} mini-batch(es) of {big} rows and "
+                    f"{self.num_minibatches - n_big} of {small} (every row once per epoch); for equal sizes use a "
+                    f"multiple of {self.num_minibatches}, e.g. train_batch_size={even[0]} or {even[1]}",
+                    UnevenMinibatches, stacklevel=2,
                 )
         devices = self.learner_devices
         if len(devices) != self.num_learners:

@@ -26,11 +26,16 @@ __all__ = [
     "RuntimeFailed",
     "SemanticsError",
     "SpecError",
+    "UnevenMinibatches",
     "WorkerDied",
     "classify",
     "closest",
     "suggest",
 ]
+
+
+class UnevenMinibatches(UserWarning):
+    """An iteration's rows do not split evenly into its mini-batches (they differ by one row)."""
 
 
 class ConduitError(Exception):

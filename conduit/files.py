@@ -37,6 +37,8 @@ def read_mapping(path: str | Path, what: str, error: type[Exception] = ConfigErr
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise error(f"{what} {str(p)!r}: cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise error(f"{what} {str(p)!r}: not a text file (expected UTF-8 JSON or YAML)") from None
     try:
         data = json.loads(text) if fmt == "json" else yaml.safe_load(text)
     except json.JSONDecodeError as e:

@@ -88,6 +88,7 @@ class Conduit:
         if config is not None and fields:
             raise ConfigError(f"pass either a ConduitConfig or config fields, not both (got {sorted(fields)})")
         self.config = config if config is not None else ConduitConfig(**fields)
+        build.check_devices(self.config)
         self.spec_declared = spec
         self.tracer = tracer or global_tracer()
         self.registry = registry or HookRegistry()

@@ -36,7 +36,8 @@ def test_profile_json_reports_costs_candidates_and_a_feasible_plan():
         cands = w["candidates"]
         assert cands == sorted(cands, key=lambda c: c["t_iter_s"])
         placement = w["placement"]  # Alg. 1 on the live topology: here, without a GPU, host memory for a CPU learner
-        assert placement["learner"] == "cpu" and placement["chosen"] == w["chosen"]["placement"] == "cpu_pageable(cpu)"
+        assert placement["learner"] == "cpu" and placement["chosen"] == w["plan"]["placement"] == "cpu_pageable(cpu)"
+        assert not {"chosen", "kept"} & set(w)  # one answer: ``plan``; the choices behind it are named as such
         rows = w["workload"]["capacity"] if w["workload"]["policy"] == "off_policy" else 2 * (32 * 4 + 32)
         assert placement["rows"] == rows
         assert w["model_choice"]["schedule"] == cands[0]["schedule"]
@@ -50,16 +51,21 @@ def test_profile_json_reports_costs_candidates_and_a_feasible_plan():
             expected.append(members[0][0])
             expected.append(min(members, key=lambda m: _coarseness(m[1]))[0])
         inline = json.dumps(w["baseline"]["schedule"], sort_keys=True)
-        assert set(verified) == set(expected) | {inline}  # the shortlist, and the inline baseline
-        fastest = min(verified.values())
-        tied = [(k, c["schedule"]) for k, c in zip(key, cands) if k in verified and verified[k] <= fastest + abs(fastest) * 0.03]
-        overlaps = [m["ingestion"]["overlap"] or m["delivery"]["overlap"] for _, m in tied]
-        # the finest within 3% (after any rematch), then inline, then the model's order
-        plan = min(zip(tied, overlaps), key=lambda x: (_coarseness(x[0][1]), x[1]))[0][0]
-        runs = {json.dumps(v["schedule"], sort_keys=True): Spread(v["t_iter_s"], v["low_s"], v["high_s"]) for v in w["verified"]}
-        if plan != inline and not beats(runs[plan], runs[inline], 0.03):
-            plan = inline  # a plan is kept over inline only when it beats it by more than the runs' noise
-        assert json.dumps(w["chosen"]["schedule"], sort_keys=True) == plan
+        cut = any("time budget ran out" in n for n in w["notes"])  # a busy host: the budget stops the shortlist
+        assert set(verified) <= set(expected) | {inline}
+        assert cut or set(verified) == set(expected) | {inline}  # the shortlist, and the inline baseline
+        if not cut:  # the profiler's rules under a cut budget are tested on a virtual clock (test_profile_decisions)
+            fastest = min(verified.values())
+            tied = [(k, c["schedule"]) for k, c in zip(key, cands) if k in verified and verified[k] <= fastest + abs(fastest) * 0.03]
+            overlaps = [m["ingestion"]["overlap"] or m["delivery"]["overlap"] for _, m in tied]
+            # the finest within 3% (after any rematch), then inline, then the model's order
+            plan = min(zip(tied, overlaps), key=lambda x: (_coarseness(x[0][1]), x[1]))[0][0]
+            runs = {json.dumps(v["schedule"], sort_keys=True): Spread(v["t_iter_s"], v["low_s"], v["high_s"]) for v in w["verified"]}
+            if plan != inline and not beats(runs[plan], runs[inline], 0.03):
+                plan = inline  # a plan is kept over inline only when it beats it by more than the runs' noise
+            assert json.dumps(w["verified_choice"]["schedule"], sort_keys=True) == plan
+            kept = inline if w["check"].get("outcome") == "inline" else plan
+            assert json.dumps(w["plan"]["schedule"], sort_keys=True) == kept
         for v in w["verified"]:  # every measured time carries its spread, and none is negative
             assert 0 <= v["low_s"] <= v["t_iter_s"] <= v["high_s"] and v["runs"] >= 1
         if w["workload"]["policy"] == "on_policy":
@@ -80,7 +86,8 @@ def test_profile_prints_tables_and_a_plan():
 
 def test_on_a_gpu_machine_the_profile_names_the_placement_a_gpu_learner_gets(monkeypatch):
     """The placement line comes from Alg. 1 on the live topology (here a hand-built one GPU machine)."""
-    import conduit.placement as placement_module
+    import conduit.cli.profile as profile_module
+
     from conduit.placement import Node, Topology
 
     gpu = Topology(name="one-gpu", nodes=(Node(
@@ -88,7 +95,7 @@ def test_on_a_gpu_machine_the_profile_names_the_placement_a_gpu_learner_gets(mon
         host_gather=22e9, gpu_local=(1.4e12,), host_to_gpu=(10.5e9,), gpu_to_host=(15e9,), pinned_to_gpu=(55e9,),
         gpu_to_pinned=(54e9,), gpu_to_gpu=((0.0,),),
     ),))
-    monkeypatch.setattr(placement_module, "this_machine_topology", lambda refresh=False: gpu)
+    monkeypatch.setattr(profile_module, "_topology", lambda deadline: gpu)
     result = CliRunner().invoke(app, ["profile", "--policy", "off", "--no-check", *TINY])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
@@ -114,7 +121,7 @@ def test_the_measured_check_compares_only_two_schedules():
     assert "%" not in same and "the plan is the inline schedule" in same and "47.000 [46.000–49.000] ms" in same
     other = _measured_line(measured, same=False)
     assert "(-100% exposed latency; median of 3 interleaved runs)" in other and "kept" not in other
-    measured["kept"] = "inline"
+    measured["outcome"] = "inline"
     assert "kept: inline" in _measured_line(measured, same=False)
     assert "speed moved" not in other
 
@@ -141,7 +148,7 @@ def test_the_check_times_rollout_and_update_alone_in_its_own_rounds():
     result = CliRunner().invoke(app, ["profile", "--json", "--policy", "off", *TINY])
     assert result.exit_code == 0, result.output
     (w,) = json.loads(result.stdout)["workloads"]
-    m = w["measured"]
+    m = w["check"]
     assert m["t_alone_s"] > 0 and m["rounds"] == 3
     for name in ("inline", "chosen"):  # never below zero: a run faster than the costs alone is noise, not a gain
         assert abs(m[name]["exposed_s"] - max(0.0, m[name]["t_iter_s"] - m["t_alone_s"])) < 1e-12

@@ -49,7 +49,7 @@ def test_profile_config_with_an_unknown_field_suggests_the_right_one(tmp_path):
     cfg = tmp_path / "w.yaml"
     cfg.write_text("dimm: 64\n")
     result = CliRunner().invoke(app, ["profile", "--config", str(cfg)], env=WIDE)
-    assert result.exit_code == 2 and "'dimm' (did you mean 'dim'?)" in result.output
+    assert result.exit_code == 2 and "dimm: not a setting (got 64); did you mean 'dim'?" in result.output
 
 
 def test_an_invalid_config_is_a_config_error_listing_each_field():
@@ -103,6 +103,9 @@ def test_profile_output_redirected_says_each_finished_step():
     result = CliRunner().invoke(app, ["profile", *tiny], env=WIDE)
     assert result.exit_code == 0, result.output
     steps = [line for line in result.output.splitlines() if ": step " in line]
-    assert len(steps) > 10 and steps[0].startswith("DQN-like off-policy: step 1/")
-    done, total = steps[-1].split(": step ")[1].split()[0].split("/")
-    assert done == total and "checking" in steps[-1]  # the last step is the closing check, and it is the last
+    assert len(steps) > 10 and steps[0].startswith("DQN-like off-policy: step 1 ")
+    numbers = [int(line.split(": step ")[1].split()[0]) for line in steps]
+    assert numbers == list(range(1, len(steps) + 1))  # consecutive: no totals that jump
+    left = [float(line.split("; ")[-1].split(" s of the ")[0]) for line in steps]
+    assert left == sorted(left, reverse=True)  # time left never grows
+    assert "checking" in steps[-1]  # the last step is the closing check

@@ -110,10 +110,11 @@ def test_the_plan_and_inline_are_always_in_the_printed_table(seed) -> None:
     result = profile_workload(W, settings=FAST, source=ModeledHost(_truth(1e-3, 4e-3), noise=0.3, seed=seed))
     text = _printed(result)
     table = text[text.index("Candidate schedules") : text.index("Plan:")]
-    roles = {m.group(1).strip(): line for line in table.splitlines()
-             if (m := re.match(r"│\s*\d+ │ (plan = inline|plan|inline)\s*│", line))}
-    assert "plan = inline" in roles or {"plan", "inline"} <= set(roles), table
-    rows = list(roles.values())
+    ranked = [line for line in table.splitlines() if re.match(r"\s*\d+\s", line)]
+    plan = [line for line in ranked if line.rstrip().endswith("◀ plan")]
+    inline = [line for line in ranked if re.match(r"\s*\d+\s+inline g=1\s+inline g=1\s", line)]
+    assert len(plan) == 1 and len(inline) == 1, table
+    rows = [*plan, *inline]
     for r in rows:  # predicted and measured, with the measured runs' range
         assert re.search(r"\d+\.\d{3} \[\d+\.\d{3}–\d+\.\d{3}\]", r), r
 

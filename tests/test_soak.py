@@ -64,7 +64,6 @@ def test_a_million_transitions_from_eight_actors_to_two_learners():
             max_pending[0] = max(max_pending[0], edp.ingestion.pending_units)
             time.sleep(0.0005)
 
-    t0 = time.monotonic()
     with edp:
         threads = [threading.Thread(target=actor, args=(a,)) for a in range(ACTORS)]
         threads += [threading.Thread(target=learner, args=(r,)) for r in range(LEARNERS)]
@@ -79,7 +78,6 @@ def test_a_million_transitions_from_eight_actors_to_two_learners():
             t.join(30)
         stats = edp.stats()
         buffer_ids = edp.buffer.ids.copy()
-    elapsed = time.monotonic() - t0
     assert not errors, errors[:3]
     ingested = np.concatenate(seen)
     assert ingested.size == TOTAL and np.array_equal(np.sort(ingested), np.arange(TOTAL))  # each exactly once
@@ -89,4 +87,4 @@ def test_a_million_transitions_from_eight_actors_to_two_learners():
     assert min(pulled) > 0 and stats.pulls == sum(pulled)
     # back-pressure: a push returns only with at most g_ing units pending; blocked pushers hold theirs
     assert max_pending[0] <= g_ing + ACTORS
-    assert elapsed < 60, f"took {elapsed:.1f}s"
+    assert not any(t.is_alive() for t in [*threads, mon]), "a thread hung"  # how fast is a benchmark's job

@@ -369,6 +369,12 @@ class ReplayBuffer(ExperienceBuffer):
             )
         if not np.all(np.isfinite(pr)):
             raise ValueError("update_priorities: priorities must be finite")
+        if np.any(pr < 0):
+            at = int(np.flatnonzero(pr < 0)[0])
+            raise ValueError(
+                f"update_priorities: priorities must be >= 0, got {float(pr[at])!r} at position {at}; "
+                "pass the TD errors' magnitudes (e.g. td_error.abs())"
+            )
         with self.lock:
             live = self.table.ids[indices] == ids
             if np.any(live):

@@ -20,8 +20,13 @@ from conduit.errors import suggest
 __all__ = ["explain_file_errors"]
 
 
+_UNITLESS = ("name", "description", "notes", "nodes")  # keys written as they are named, with no unit
+
+
 def _spellings(field: str) -> list[str]:
     """The keys a file may write for canonical ``field``: unit-suffixed first."""
+    if field in _UNITLESS:
+        return [field]
     if field.endswith("_bytes"):
         base = field.removesuffix("_bytes")
         return [f"{base}_gib", f"{base}_gb", field]
@@ -44,7 +49,7 @@ def _valid_keys(model: type[BaseModel], extra: tuple[str, ...] = ()) -> list[str
         if name.startswith("_"):
             continue
         spellings = _spellings(name)
-        keys.update(spellings[:1] if name != "name" and name not in ("description", "notes", "nodes") else [name])
+        keys.update(spellings[:1])
     return sorted(keys)
 
 
@@ -84,7 +89,7 @@ def explain_file_errors(
             lines.append(f"{where}{key}: not a known key; {suggest(key, valid, 'valid keys')}")
             continue
         if item.get("type") == "missing":
-            lines.append(f"{where}{key}: required, not given")
+            lines.append(f"{where}{key}: required, not given; add it to the file")
             continue
         value = written[1] if written else item.get("input")
         if rest and isinstance(value, (list, tuple)):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -17,18 +16,15 @@ from conduit.placement import (
     profile_topology,
     solve_placement,
 )
-from conduit.placement.live import ROW_SIZES, cap_pageable, host_available_bytes
+from conduit.placement.live import ROW_SIZES, _Timer, cap_pageable, host_available_bytes
 from conduit.placement.solver import TIE_TOLERANCE
 from conduit.scheduling.calls import runtime_call_costs
 
 CUDA = torch.cuda.is_available()
 
 
-def test_profile_is_fast_and_valid(tmp_path: Path) -> None:
-    t0 = time.perf_counter()
-    topo = profile_topology()
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 5.0
+def test_profile_is_valid(tmp_path: Path) -> None:
+    topo = profile_topology()  # how long it takes is a benchmark's question; its budget is tested below
     assert isinstance(topo, Topology) and len(topo.nodes) == 1
     node = topo.nodes[0]
     assert node.host_memcpy > 1e8  # > 0.1 GB/s on any machine
@@ -64,10 +60,43 @@ def test_cpu_only_machine_has_no_pinned_memory() -> None:
         profile_topology(gpus=[0])
 
 
-def test_time_budget_bounds_the_profile() -> None:
-    t0 = time.perf_counter()
+class _VirtualClock:
+    """A clock each measured call advances by ``step`` seconds: the budget's rule, free of the host's speed."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step, self.calls = 0.0, step, 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def work(self) -> None:
+        self.calls += 1
+        self.now += self.step
+
+
+def test_time_budget_bounds_each_measurement_on_a_virtual_clock() -> None:
+    clock = _VirtualClock(1.0)
+    timer = _Timer(nbytes=1, warmup=3, repeats=50, budget_s=3.5, clock=clock)
+    timer.bandwidth(clock.work, lambda: None)
+    assert clock.calls == 4 and timer.truncated  # 3 warm-up copies, then one timed past the deadline
+    for _ in range(3):  # once the budget is spent, each further measurement is one timed call
+        before = clock.calls
+        timer.bandwidth(clock.work, lambda: None)
+        assert clock.calls - before == 1
+        before = clock.calls
+        timer.seconds(clock.work, repeats=50)
+        assert clock.calls - before == 2  # one untimed, one timed
+
+
+def test_time_budget_within_reach_runs_every_repeat() -> None:
+    clock = _VirtualClock(1.0)
+    timer = _Timer(nbytes=1, warmup=1, repeats=5, budget_s=100.0, clock=clock)
+    assert timer.bandwidth(clock.work, lambda: None) == pytest.approx(1.0)
+    assert clock.calls == 6 and not timer.truncated
+
+
+def test_a_spent_budget_is_noted_in_the_profile() -> None:
     topo = profile_topology(nbytes=1 << 20, warmup=3, repeats=50, time_budget_s=0.0)
-    assert time.perf_counter() - t0 < 2.0
     assert any("time budget" in n for n in topo.notes)
 
 

@@ -366,7 +366,8 @@ def test_the_runtime_plans_placement_only_for_learners_on_a_gpu(monkeypatch, lea
         calls.append(kwargs)
         return FixedStorage("pinned")
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a one-GPU machine, as the runtime sees it
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(policy_module.PlacementPolicy, "for_this_machine", staticmethod(for_this_machine))
     edp = conduit.Conduit(
         policy="off_policy", train_batch_size=8, capacity=64, learner_device=learner,

@@ -1,12 +1,13 @@
 """SRL's experience buffer vs Conduit's drop-in: exposed delivery latency and push/pull cost.
 
-``python -m benchmarks.srl_buffer [--repeats 7] [--json out.json]``; with ``CONDUIT_SRL_SRC``
+``python -m benchmarks.srl_buffer [--repeats 7] [--json out.json] [--size small]``; with ``CONDUIT_SRL_SRC``
 pointing at an SRL checkout (``openpsi-projects/srl`` or the monorepo) SRL's *own* classes
 are timed (its buffer layer needs ``prometheus_client``); without it, a reimplementation
 of their behaviour written from the research notes (§1.3–1.4), and the report says which.
 
-Two SRL paths, same samples (``T`` time steps of an ``obs`` vector plus SRL's small
-fields), same batch:
+Two SRL paths, same samples (``T`` time steps, nested as SRL's actors post them: an ``obs``
+record holding the observation vector, an ``action`` record, ``analyzed_result`` with a
+``None`` leaf, and the policy fields), same batch:
 
 - **replay** — SRL's ``SimpleReplayBuffer``: storage allocated pinned (``pin_memory``
   is the identity on a machine without CUDA, where torch refuses it), ``get()``
@@ -49,10 +50,14 @@ from typing import Any
 import numpy as np
 import torch
 from conduit.integrations import srl
+from conduit.integrations.srl.samples import build as build_record
+from conduit.integrations.srl.samples import flatten
 
 from benchmarks.timing import Stat, interleaved, torch_threads
 
 T, B, OBS, CAPACITY = 8, 256, 512, 4096
+#: ``--size small``: a run of seconds (what the test of this script uses)
+SMALL = (4, 8, 16, 64)
 
 
 # -- SRL: its own classes, or a reimplementation from the research notes -----------------------------------
@@ -81,11 +86,14 @@ class NotesReplay:
         self.times = np.zeros(max_size, np.int64)
 
     def put(self, x: Any) -> None:
+        leaves = dict(flatten(x))  # nested records by dotted name; None leaves stay None
         if self.store is None:
-            self.store = {k: torch.from_numpy(np.zeros((v.shape[0], self.max_size, *v.shape[1:]), v.dtype)).numpy()
-                          for k, v in x.items() if v is not None}
+            self.store = {k: None if v is None else
+                          torch.from_numpy(np.zeros((v.shape[0], self.max_size, *v.shape[1:]), v.dtype)).numpy()
+                          for k, v in leaves.items()}
         for k, v in self.store.items():
-            v[:, self.ptr] = x[k]
+            if v is not None and leaves.get(k) is not None:
+                v[:, self.ptr] = leaves[k]
         self.times[self.ptr] = 0
         self.ptr, self.count = (self.ptr + 1) % self.max_size, min(self.count + 1, self.max_size)
 
@@ -97,7 +105,8 @@ class NotesReplay:
         idx = np.sort(np.random.choice(self.count, self.batch_size, replace=False))
         reuses = self.times[idx].mean()
         self.times[idx] += 1
-        return srl.ReplayEntry(-1, -1, srl.NamedArray(**{k: v[:, idx] for k, v in self.store.items()}), reuses)
+        sample = build_record([(k, None if v is None else v[:, idx]) for k, v in self.store.items()], srl.NamedArray)
+        return srl.ReplayEntry(-1, -1, sample, reuses)
 
 
 class NotesQueue:
@@ -113,7 +122,11 @@ class NotesQueue:
         if len(self.tmp) < self.batch_size:
             return False
         group, self.tmp = self.tmp[: self.batch_size], self.tmp[self.batch_size :]
-        data = srl.NamedArray(**{k: np.stack([g[k] for g in group], axis=1) for k in group[0].keys()})
+        flats = [dict(flatten(g)) for g in group]
+        data = build_record(
+            [(k, None if v is None else np.stack([f[k] for f in flats], axis=1)) for k, v in flats[0].items()],
+            srl.NamedArray,
+        )
         self.items.append(srl.ReplayEntry(self.reuses, time.time(), data))
         self.items.sort()
         while len(self.items) > self.max_size:
@@ -135,16 +148,21 @@ class NotesQueue:
 
 # -- the workload ------------------------------------------------------------------------------------------------
 def make_sample(named: Any, i: int, rng: np.random.Generator) -> Any:
+    """A sample as SRL's actors post it: ``obs`` and ``action`` records, ``analyzed_result`` with a ``None``
+    leaf, ``policy_state`` ``None``, and the policy fields."""
     return named(
-        obs=rng.standard_normal((T, OBS), dtype=np.float32), action=np.full((T, 1), i % 6, np.int64),
-        reward=np.ones((T, 1), np.float32), done=np.zeros((T, 1), np.bool_),
-        policy_version_steps=np.zeros((T, 1), np.int64), policy_name=None,
+        obs=named(obs=rng.standard_normal((T, OBS), dtype=np.float32)),
+        action=named(x=np.full((T, 1), i % 6, np.int64)),
+        reward=np.ones((T, 1), np.float32), done=np.zeros((T, 1), np.uint8),
+        analyzed_result=named(log_probs=np.zeros((T, 1), np.float32), value=np.zeros((T, 1), np.float32), ret=None),
+        policy_state=None, policy_version_steps=np.zeros((T, 1), np.int64), policy_name=None,
     )
 
 
 def as_tensors(sample: Any) -> dict[str, torch.Tensor]:
-    """What an algorithm does with a sample first (on a GPU, the prefetcher's ``.cuda(non_blocking=True)``)."""
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sample.items() if isinstance(v, np.ndarray)}
+    """What an algorithm does with a sample first (on a GPU, the prefetcher's ``.cuda(non_blocking=True)``),
+    every array leaf by its dotted name (``obs.obs``)."""
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in flatten(sample) if isinstance(v, np.ndarray)}
 
 
 class Update:
@@ -155,7 +173,7 @@ class Update:
         self.reps = reps
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> float:
-        x = batch["obs"].reshape(-1, OBS)[:B]
+        x = batch["obs.obs"].reshape(-1, OBS)[:B]
         for _ in range(self.reps):
             x = torch.tanh(x @ self.w)
         return float(x[0, 0])
@@ -322,12 +340,17 @@ def report(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    global T, B, OBS, CAPACITY
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--size", choices=("full", "small"), default="full",
+                        help="full: T, B, obs, capacity = 8, 256, 512, 4096; small: T, B, obs, capacity = {SMALL}")
     args = parser.parse_args(argv)
+    if args.size == "small":
+        T, B, OBS, CAPACITY = SMALL
     with torch_threads(args.threads):
         result = run(max(5, args.repeats), args.steps)
     result["torch_threads"] = args.threads

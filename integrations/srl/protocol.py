@@ -12,9 +12,10 @@ from its code, and are structurally identical where SRL's trainer reads them:
 - :class:`Buffer`: the four-method protocol ``put`` / ``get`` / ``empty`` / ``qsize``.
 - :class:`PrioritizedReplayBuffer`: the class SRL's trainer gates priority feedback on
   (``isinstance(buffer, PrioritizedReplayBuffer)``).
-- :class:`NamedArray`: a nested record of arrays with the methods SRL's trainer
-  calls on a sample (``length``, ``average_of``, ``min_of``, ``register_metadata``,
-  settable existing fields such as ``policy_name``).
+- :class:`NamedArray`: a nested record of arrays (fields may be records or ``None``)
+  with the methods SRL's trainer calls on a sample (``length``, ``average_of``,
+  ``min_of``, ``register_metadata``, settable existing fields such as ``policy_name``)
+  and, like SRL's, a ``shape`` property (a dict of its fields' shapes).
 
 When SRL's buffer module is loaded, :mod:`.locate` hands out SRL's own classes instead.
 """
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 __all__ = ["Buffer", "NamedArray", "PrioritizedReplayBuffer", "ReplayEntry"]
 
@@ -121,12 +123,24 @@ class NamedArray:
 
     # -- what SRL's trainer reads -----------------------------------------------------------------
     def length(self, dim: int = 0) -> int:
-        """The size of dimension ``dim`` of the first array field that has one."""
+        """The size of dimension ``dim`` of the first array field (at this level, not nested) that has one."""
         for _, v in self.items():
-            shape = getattr(v, "shape", None)
-            if shape is not None and dim < len(shape):
-                return int(shape[dim])
+            if isinstance(v, (np.ndarray, torch.Tensor)) and dim < v.ndim:
+                return int(v.shape[dim])
         raise IndexError(f"no field has a dimension {dim}")
+
+    @property
+    def shape(self) -> dict[str, Any]:
+        """Each field's shape, nested records as nested dicts and ``None`` fields as ``None`` (as SRL's has it:
+        so a record has a ``shape`` too, and code must not take "has a shape" to mean "is an array")."""
+        return {
+            k: v.shape if isinstance(v, NamedArray) else (None if v is None else tuple(v.shape))
+            for k, v in self.items()
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Nested plain dicts of the fields."""
+        return {k: v.to_dict() if isinstance(v, NamedArray) else v for k, v in self.items()}
 
     def _masked(self, name: str, ignore_negative: bool) -> np.ndarray:
         values = np.asarray(self[name], dtype=np.float64)

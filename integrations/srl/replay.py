@@ -20,9 +20,10 @@ Inside, a :class:`conduit.Conduit` off-policy runtime whose row is one SRL sampl
 stream thread's ``put()`` a ``push()``, both thread-safe. For a host learner
 (``learner_device="cpu"``: the trainer's own prefetcher copies to its GPU) a
 delivery hook lays each batch out time-major in pinned, recycled staging memory
-(:mod:`.staging`), on Conduit's delivery worker when the schedule overlaps delivery
-(the default where CUDA is available); for a GPU learner Conduit gathers straight
-onto the device and the sample's fields are tensors there.
+(:mod:`.staging`), on Conduit's delivery worker, overlapping the trainer's update (the
+default for uniform replay everywhere, and for PER where CUDA is available: on a CPU, PER
+draws each batch after the previous batch's feedback, as SRL's trainer thread does); for a
+GPU learner Conduit gathers straight onto the device and the sample's fields are tensors there.
 
 Differences from SRL, on purpose or not supported: a uniform draw is with replacement
 (Conduit's uniform selector; SRL draws a batch without replacement); chunks shorter
@@ -127,7 +128,11 @@ class ConduitReplayBuffer:
             seed=self.seed, learner_device=str(self.learner_device), timeout_s=self.timeout_s,
         )
         fields.update(self._sampler_fields())
-        if self.staging is not None and self.staging.pinned:  # a GPU trainer computes beside the delivery worker
+        # the next batch is gathered on Conduit's delivery worker while the trainer thread runs its update: on a
+        # GPU trainer, and for uniform replay on a CPU one too, where the gather otherwise sits inline between
+        # two updates. PER on a CPU keeps SRL's order (each draw after the previous batch's feedback): a batch
+        # drawn ahead would not see those priorities. ``conduit_config={"pinned": ...}`` overrides either.
+        if not self.prioritized or (self.staging is not None and self.staging.pinned):
             fields["pinned"] = conduit.SchedulePin(delivery_overlap=True)
         fields.update(self.conduit_config)
         return conduit.ConduitConfig(**fields)
@@ -261,7 +266,7 @@ class ConduitReplayBuffer:
             self._gens[slots[fresh]] = ids[fresh]
             reuses = float(self._times[slots].mean())
             if not self.prioritized:  # SRL counts a uniform replay at the draw, a prioritized one at its feedback
-                np.add.at(self._times, slots, 1)
+                self._times[np.unique(slots)] += 1  # a slot drawn twice in one batch counts once, as in SRL
             self._handed.append(info)
         return reuses
 
@@ -362,11 +367,14 @@ class ConduitPrioritizedReplay(ConduitReplayBuffer):
             alpha=self.alpha, beta=self.beta, eps=1e-300)}
 
     def _started(self, edp: conduit.Conduit) -> None:
-        if self.max_priority != 1.0:  # the sampler's initial running maximum (1.0 in Conduit and SRL alike)
-            self._replay().restore_priorities(np.empty(0, np.int64), np.empty(0), self.max_priority)
+        # the sampler's initial running maximum (1.0 in Conduit and SRL alike), set on the runtime just started:
+        # ``self.edp`` is not yet assigned, and the first sample must already get this priority
+        if self.max_priority != 1.0:
+            self._replay(edp).restore_priorities(np.empty(0, np.int64), np.empty(0), self.max_priority)
 
-    def _replay(self) -> ReplayBuffer:
-        buf = self.edp.buffer if self.edp is not None else None
+    def _replay(self, edp: conduit.Conduit | None = None) -> ReplayBuffer:
+        edp = edp if edp is not None else self.edp
+        buf = edp.buffer if edp is not None else None
         if not isinstance(buf, ReplayBuffer):
             raise SemanticsError("the Conduit SRL buffer has no replay ring yet (nothing was put)")
         return buf
@@ -396,7 +404,7 @@ class ConduitPrioritizedReplay(ConduitReplayBuffer):
         with self._lock:
             slots = info.indices
             live = self._gens[slots] == info.ids
-            np.add.at(self._times, slots[live], 1)
+            self._times[np.unique(slots[live])] += 1  # once per slot per batch, as SRL's fancy-index ``+= 1``
             self.training_steps += 1
             steps = self.training_steps
         if self.beta_scheduler is not None:

@@ -39,7 +39,7 @@ import torch
 from conduit.errors import ConfigError, SpecError
 
 from .locate import SRLTypes, types_named
-from .samples import HOST_FIELDS, build, flatten, is_numeric
+from .samples import HOST_FIELDS, build, conform, flatten, is_numeric, unify
 from .staging import HandoffGuard, Staging
 
 __all__ = ["ConduitQueueBuffer"]
@@ -156,11 +156,10 @@ class ConduitQueueBuffer:
     # -- batching on axis 1 -------------------------------------------------------------------------
     def _stack(self, group: list[Any]) -> tuple[Any, torch.cuda.Event | None]:
         """``B`` samples of ``[T, ...]`` -> one ``[T, B, ...]`` sample, numeric leaves in staging memory."""
-        flats = [dict(flatten(x)) for x in group]
-        names = list(flats[0])
-        for f in flats[1:]:
-            if list(f) != names and set(f) != set(names):
-                raise SpecError(f"samples of one batch differ in their fields: {sorted(set(f) ^ set(names))}")
+        raw = [dict(flatten(x)) for x in group]
+        names = unify(raw)  # a record left None in some samples: its leaves, zero-filled below (as SRL does)
+        key = tuple(names)
+        flats = [f if tuple(f) == key else conform(f, names) for f in raw]
         numeric = {}
         leaves: dict[str, Any] = {}
         event = None

@@ -9,13 +9,17 @@ buffers rebuild theirs (a plain ``NamedArray``, not the producer's subclass).
 
 Buffers batch along axis 1: ``B`` samples of ``[T, ...]`` become one ``[T, B, ...]``
 (time-major) sample. :class:`Layout` records the first sample's structure; every
-later sample must match it.
+later sample must match it, except where SRL itself tolerates a difference: a leaf or
+a whole record ``None`` in some samples (zero-filled, as SRL's aggregation fills it).
+
+A record is told from a leaf by its type, never by a ``shape`` attribute: SRL's
+``NamedArray`` has a ``shape`` property too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,25 +27,74 @@ import torch
 
 from conduit.errors import SpecError
 
-__all__ = ["HOST_FIELDS", "Layout", "build", "flatten", "is_numeric"]
+__all__ = ["HOST_FIELDS", "Layout", "build", "conform", "flatten", "is_numeric", "unify"]
 
 #: fields a GPU learner still gets as host numpy: SRL's trainer filters stale samples with numpy on them
 HOST_FIELDS = ("policy_version_steps",)
 
 
 def _nested(v: Any) -> bool:
-    return callable(getattr(v, "items", None)) and not hasattr(v, "shape")
+    """Whether ``v`` is a nested record (an SRL ``NamedArray`` or a mapping), not a leaf.
+
+    Decided by type, not by a ``shape`` attribute: SRL's ``NamedArray`` has a ``shape``
+    property (a dict of its fields' shapes) and is still a record of fields.
+    """
+    if v is None or isinstance(v, (np.ndarray, np.generic, torch.Tensor, str, bytes)):
+        return False
+    return callable(getattr(v, "items", None)) and callable(getattr(v, "keys", None))
+
+
+def _none_ancestor(name: str, flat: Mapping[str, Any]) -> bool:
+    """Whether a parent record of dotted ``name`` is ``None`` in ``flat`` (a whole nested field left out)."""
+    parts = name.split(".")
+    return any(flat.get(".".join(parts[:i]), 0) is None for i in range(1, len(parts)))
+
+
+def unify(flats: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The leaf names of samples that may differ only where a nested field is ``None`` in some of them.
+
+    An actor's sample leaves a whole record ``None`` (``info``, ``policy_state``) at steps
+    where others hold it; SRL's aggregation then fills zeros of the others' shapes. The
+    union keeps the most detailed form: a ``None`` name is replaced by its children.
+    Other differences raise ``SpecError`` naming them.
+    """
+    first = tuple(flats[0])
+    if all(tuple(f) == first for f in flats[1:]):  # the common case: every sample has the same fields
+        return list(first)
+    names: list[str] = []
+    for flat in flats:
+        for k in flat:
+            if k not in names:
+                names.append(k)
+    names = [k for k in names if not any(o.startswith(k + ".") for o in names)]
+    for flat in flats:
+        missing = [k for k in names if k not in flat and not _none_ancestor(k, flat)]
+        if missing:
+            raise SpecError(f"an SRL sample lacks fields {missing} that other samples of the stream have")
+    return names
+
+
+def conform(flat: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """``flat``'s leaves under ``names``: a leaf under a ``None`` record is ``None``."""
+    out: dict[str, Any] = {}
+    for k in names:
+        if k in flat:
+            out[k] = flat[k]
+        elif _none_ancestor(k, flat):
+            out[k] = None
+        else:
+            raise SpecError(f"an SRL sample lacks field {k!r} that the stream's first sample has")
+    return out
 
 
 def flatten(sample: Any, prefix: str = "") -> list[tuple[str, Any]]:
     """``[(dotted name, leaf)]`` of a nested ``NamedArray`` (or mapping), in its own field order."""
     out: list[tuple[str, Any]] = []
     for k, v in sample.items():
-        name = f"{prefix}{k}"
-        if _nested(v):
-            out += flatten(v, f"{name}.")
+        if v is None or type(v) is np.ndarray or not _nested(v):  # the common leaves first: this runs per sample
+            out.append((prefix + k if prefix else k, v))
         else:
-            out.append((name, v))
+            out += flatten(v, f"{prefix}{k}.")
     return out
 
 
@@ -62,6 +115,8 @@ def build(pairs: Sequence[tuple[str, Any]], cls: Callable[..., Any]) -> Any:
 
 def is_numeric(v: Any) -> bool:
     """A leaf Conduit can store: a numeric or bool array, or a tensor."""
+    if type(v) is np.ndarray:
+        return v.dtype.kind in "biufc"
     return isinstance(v, torch.Tensor) or (isinstance(v, np.ndarray) and v.dtype.kind in "biufc")
 
 
@@ -74,12 +129,14 @@ class Layout:
         none: leaves that are ``None`` (handed back as ``None``).
         other: non-numeric leaves (strings, objects): a queue buffer keeps them, a replay buffer cannot.
         length: the sample's length on axis 0 (time), ``T``.
+        shapes: each stored leaf's ``[T, ...]`` shape and dtype (what a later ``None`` is filled with).
     """
 
     names: tuple[str, ...]
     none: frozenset[str]
     other: frozenset[str]
     length: int
+    shapes: Mapping[str, tuple[tuple[int, ...], Any]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, sample: Any) -> Layout:
@@ -96,7 +153,8 @@ class Layout:
             raise SpecError(
                 f"an SRL sample's fields must share their length on axis 0 (time), got {sorted(lengths)}"
             )
-        return cls(tuple(k for k, _ in pairs), none, other, lengths.pop())
+        shapes = {k: (tuple(v.shape), v.dtype) for k, v in pairs if k not in none and k not in other}
+        return cls(tuple(k for k, _ in pairs), none, other, lengths.pop(), shapes)
 
     @property
     def numeric(self) -> tuple[str, ...]:
@@ -104,15 +162,38 @@ class Layout:
         return tuple(k for k in self.names if k not in self.none and k not in self.other)
 
     def leaves(self, sample: Any) -> dict[str, Any]:
-        """``sample``'s leaves by dotted name, checked against this layout (``SpecError`` naming the difference)."""
-        leaves = dict(flatten(sample))
-        if tuple(leaves) != self.names and set(leaves) != set(self.names):
-            missing, extra = sorted(set(self.names) - set(leaves)), sorted(set(leaves) - set(self.names))
-            raise SpecError(f"an SRL sample's fields differ from the stream's first: missing {missing}, extra {extra}")
-        for k, v in leaves.items():
-            if (v is None) != (k in self.none):
-                raise SpecError(f"field {k!r}: None in some samples and an array in others")
-        return leaves
+        """``sample``'s leaves by dotted name, checked against this layout (``SpecError`` naming the difference).
+
+        As SRL's replay storage does (it is laid out from the first sample): a leaf that is
+        ``None`` here but stored (or under a ``None`` record) is written as zeros; a leaf the
+        first sample had as ``None`` is not stored, so an array there is dropped.
+        """
+        flat = dict(flatten(sample))
+        if tuple(flat) != self.names:
+            known = set(self.names)
+            extra = sorted(
+                k for k in flat
+                if k not in known
+                and not any(k.startswith(n + ".") for n in self.none)  # under a record the first left None
+                and not (flat[k] is None and any(n.startswith(k + ".") for n in known))  # a record left None
+            )
+            missing = [k for k in self.names if k not in flat and not _none_ancestor(k, flat)]
+            if missing or extra:
+                raise SpecError(
+                    f"an SRL sample's fields differ from the stream's first: missing {missing}, extra {extra}"
+                )
+        out: dict[str, Any] = {}
+        for k in self.names:
+            v = flat.get(k)
+            if k in self.none:
+                out[k] = None
+            elif v is None:
+                shapes = getattr(self, "shapes", {})  # absent from a layout pickled before shapes were kept
+                shape, dtype = shapes.get(k, ((self.length,), np.float32))
+                out[k] = torch.zeros(shape, dtype=dtype) if isinstance(dtype, torch.dtype) else np.zeros(shape, dtype)
+            else:
+                out[k] = v
+        return out
 
     def rebuild(self, leaves: Mapping[str, Any], cls: Callable[..., Any]) -> Any:
         """A ``cls`` sample from leaves by name (``None`` leaves filled in)."""

@@ -469,3 +469,143 @@ def test_find_reports_what_it_tried():
         srl.find()
     with pytest.raises(ImportError, match="not SRL's buffer module"):
         srl.find("json")
+
+
+# -- samples as SRL's actors post them: nested records, None leaves, the policy fields -----------------------------
+def _named_type(module):
+    return stub.NamedArray if module is not None else protocol.NamedArray
+
+
+def _leaf_shapes(x):
+    """A record's structure: each leaf's shape (``None`` for a ``None`` leaf), nested records as dicts."""
+    return {k: _leaf_shapes(v) if hasattr(v, "keys") and not isinstance(v, np.ndarray) else
+            (None if v is None else tuple(v.shape)) for k, v in x.items()}
+
+
+def _as_record(module, x):
+    """``x`` (a stub record) rebuilt in this source's record type, so every test posts the source's own kind."""
+    named = _named_type(module)
+    return named(**{k: _as_record(module, v) if isinstance(v, stub.NamedArray) else v for k, v in x.items()})
+
+
+def _assert_nested_batch(s, named_t, t, b):
+    assert type(s) is named_t and type(s.obs) is named_t and type(s.analyzed_result) is named_t
+    assert s.obs.obs.shape == (t, b, 3) and s.obs.mask.shape == (t, b, 2) and s.action.x.shape == (t, b, 1)
+    assert s.analyzed_result.ret is None and s.policy_state is None
+    assert s.analyzed_result.value.shape == (t, b, 1) and s.length(0) == t and s.length(1) == b
+    assert isinstance(s.shape, dict)  # a record with a shape, as SRL's is
+
+
+def test_queue_takes_nested_actor_samples_and_returns_the_nested_record(made, module):
+    named_t = _named_type(module)
+    buf = made("conduit_queue", max_size=8, reuses=1, batch_size=3)
+    for i in range(3):
+        buf.put(_as_record(module, stub.actor_sample(i)))
+    s = buf.get().sample
+    _assert_nested_batch(s, named_t, 4, 3)
+    np.testing.assert_array_equal(s.obs.obs[0, :, 0], [0, 1, 2])
+    assert s.policy_name.shape == (4, 3, 1) and s.policy_name[0, 0, 0] == "default"  # the queue keeps strings
+    assert s.min_of("policy_version_steps") == 0
+    ref = stub.PriorityQueueBuffer(max_size=8, reuses=1, batch_size=3)  # the documented stacking, field for field
+    for i in range(3):
+        ref.put(stub.actor_sample(i))
+    assert _leaf_shapes(s) == _leaf_shapes(ref.get().sample)
+
+
+@pytest.mark.parametrize("name", ["conduit_replay", "conduit_prioritized"])
+def test_replay_takes_nested_actor_samples_and_returns_the_nested_record(made, module, name):
+    named_t = _named_type(module)
+    buf = made(name, max_size=8, batch_size=4, warmup_transitions=0, sample_length=4, seed=2)
+    for i in range(8):
+        buf.put(_as_record(module, stub.actor_sample(i, version=i)))
+    s = buf.get().sample
+    _assert_nested_batch(s, named_t, 4, 4)
+    ids = ids_of(s)
+    np.testing.assert_array_equal(s.obs.obs[0, :, 0], ids)  # every field of column b is sample b's
+    np.testing.assert_array_equal(s.info.episode_return[0, :, 0], ids)
+    np.testing.assert_array_equal(s.policy_version_steps[0, :, 0], ids)
+    assert s.policy_name is None  # SRL's replay buffers clear this string field at put
+
+
+def test_a_record_left_none_in_some_samples_is_zero_filled(made, module):
+    """An actor leaves ``info`` None at steps without one: the queue fills zeros (SRL's aggregation), a replay
+    buffer stores zeros in the record's slots."""
+    q = made("conduit_queue", max_size=8, reuses=1, batch_size=2)
+    q.put(_as_record(module, stub.actor_sample(1, info=False)))
+    q.put(_as_record(module, stub.actor_sample(2)))
+    s = q.get().sample
+    np.testing.assert_array_equal(s.info.episode_return[0, :, 0], [0, 2])
+    r = made("conduit_replay", max_size=4, batch_size=4, warmup_transitions=0, sample_length=4, seed=0)
+    r.put(_as_record(module, stub.actor_sample(1)))
+    for i in (2, 3, 4):
+        r.put(_as_record(module, stub.actor_sample(i, info=False)))
+    s = r.get().sample
+    for b, i in enumerate(ids_of(s)):
+        assert s.info.episode_return[0, b, 0] == (1 if i == 1 else 0)
+
+
+def test_a_none_leaf_in_a_nested_field_stays_none_and_an_array_there_later_is_dropped(made, module):
+    named = _named_type(module)
+
+    def with_ret(i, ret):
+        x = _as_record(module, stub.actor_sample(i))
+        x.analyzed_result = named(log_probs=x.analyzed_result.log_probs, value=x.analyzed_result.value, ret=ret)
+        return x
+
+    r = made("conduit_replay", max_size=4, batch_size=2, warmup_transitions=0, sample_length=4)
+    r.put(with_ret(0, None))
+    r.put(with_ret(1, np.ones((4, 1), np.float32)))  # the storage has no slot for it (laid out from the first)
+    assert r.get().sample.analyzed_result.ret is None
+
+
+# -- PER: max_priority, duplicate draws ------------------------------------------------------------------------------
+def test_per_with_a_max_priority_other_than_one_puts_and_starts_new_samples_there(made):
+    buf = made("conduit_prioritized", max_size=4, sample_length=4, batch_size=2, warmup_transitions=0,
+               alpha=0.5, max_priority=4.0)
+    for i in range(4):
+        buf.put(sample(i))
+    buf.edp.flush()
+    leaves, top = buf.edp.buffer.priorities_at(np.arange(4))
+    assert top == 4.0 and np.allclose(leaves, 4.0**0.5)
+    assert buf.get().sample.obs.shape == (4, 2, 3)
+
+
+def test_per_counts_a_slot_drawn_twice_in_one_batch_once(made):
+    """SRL counts replays with a fancy-index ``+= 1`` at ``update_priorities``: once per slot per batch."""
+    buf = made("conduit_prioritized", max_size=4, sample_length=4, batch_size=4, warmup_transitions=0, seed=5,
+               alpha=1.0, conduit_config={"pinned": conduit.SchedulePin(delivery_overlap=False)})  # draws after feedback
+    for i in range(4):
+        buf.put(sample(i))
+    e = buf.get()
+    buf.update_priorities(e.sampling_indices, np.where(ids_of(e.sample) == 0, 1e9, 1e-9))  # every slot once: 1
+    e = buf.get()
+    assert ids_of(e.sample).tolist() == [0, 0, 0, 0] and e.reuses == 1.0  # one slot, four times
+    buf.update_priorities(e.sampling_indices, np.full(4, 1e9))
+    assert buf.get().reuses == 2.0  # counted once for the batch that drew it four times
+
+
+def test_uniform_replay_counts_a_slot_drawn_twice_in_one_batch_once(made):
+    buf = made("conduit_replay", max_size=4, batch_size=4, warmup_transitions=0, seed=7)
+    for i in range(4):
+        buf.put(sample(i))
+    counts = np.zeros(4)
+    saw_duplicate = False
+    for _ in range(12):
+        e = buf.get()
+        ids = ids_of(e.sample)
+        assert e.reuses == pytest.approx(counts[ids].mean())
+        saw_duplicate |= len(set(ids.tolist())) < len(ids)
+        counts[np.unique(ids)] += 1
+    assert saw_duplicate  # Conduit's uniform draw is with replacement: the case occurred
+
+
+def test_uniform_replay_gathers_the_next_batch_beside_the_update_and_per_on_a_cpu_after_feedback(made):
+    """Delivery overlaps the trainer's update for ``conduit_replay`` on any machine; ``conduit_prioritized`` on a
+    CPU draws each batch after the previous batch's priorities, as SRL's trainer thread does."""
+    uniform = made("conduit_replay", max_size=8, batch_size=2, warmup_transitions=0)
+    per = made("conduit_prioritized", max_size=8, sample_length=4, batch_size=2, warmup_transitions=0)
+    for buf in (uniform, per):
+        buf.put(sample(0))
+    assert "delivery[overlap" in str(uniform.edp.schedule)
+    if not uniform.staging.pinned:
+        assert "delivery[inline" in str(per.edp.schedule)

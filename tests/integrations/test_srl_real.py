@@ -199,3 +199,100 @@ def test_srls_sample_consumer_path_fills_a_conduit_buffer(srl_buffer, sample_str
             stream.ALL_SAMPLE_CONSUMER_CLS.pop(kind, None)
         else:
             stream.register_consumer(kind, saved)
+
+
+# -- samples as SRL's actors post them, against SRL's own buffers -------------------------------------------------
+def _actor_sample(na, i, t=4, info=True, version=0):
+    """Nested as SRL's actor worker builds a ``SampleBatch``: records for ``obs``/``action``/``info``/
+    ``analyzed_result`` (with a ``None`` leaf), ``policy_state`` ``None``, the policy fields."""
+    return na.NamedArray(
+        obs=na.NamedArray(obs=np.full((t, 3), i, np.float32), mask=np.ones((t, 2), np.uint8)),
+        action=na.NamedArray(x=np.full((t, 1), i % 3, np.int32)),
+        reward=np.full((t, 1), i, np.float32), done=np.zeros((t, 1), np.uint8),
+        info=na.NamedArray(episode_return=np.full((t, 1), i, np.float32)) if info else None,
+        policy_state=None,
+        analyzed_result=na.NamedArray(log_probs=np.zeros((t, 1), np.float32), value=np.zeros((t, 1), np.float32),
+                                      ret=None),
+        policy_name=np.array([["default"]] * t), policy_version_steps=np.full((t, 1), version, np.int64),
+    )
+
+
+def _same_record(na, a, b):
+    assert type(a) is type(b) is na.NamedArray
+    assert list(a.keys()) == list(b.keys())
+    for (k, x), (_, y) in zip(a.items(), b.items()):
+        if isinstance(x, na.NamedArray):
+            _same_record(na, x, y)
+        elif x is None:
+            assert y is None, k
+        else:
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=k)
+
+
+def test_conduit_queue_matches_srls_queue_on_nested_actor_samples(srl_buffer):
+    na = _namedarray(srl_buffer)
+    theirs = srl_buffer.PriorityQueueBuffer(max_size=4, reuses=2, batch_size=3)
+    ours = srl_buffer.make_buffer("conduit_queue", max_size=4, reuses=2, batch_size=3)
+    for i in range(9):
+        for buf in (theirs, ours):
+            assert buf.put(_actor_sample(na, i, info=i % 2 == 0)) == (i % 3 == 2)
+    while not theirs.empty():
+        a, b = theirs.get(), ours.get()
+        assert (a.reuses_left, a.reuses) == (b.reuses_left, b.reuses)
+        _same_record(na, a.sample, b.sample)
+    assert ours.empty()
+
+
+@pytest.mark.parametrize("name", ["conduit_replay", "conduit_prioritized"])
+def test_conduit_replay_returns_srls_record_for_nested_actor_samples(srl_buffer, name):
+    na = _namedarray(srl_buffer)
+    cls = srl_buffer.SimpleReplayBuffer if name == "conduit_replay" else srl_buffer.PrioritizedReplayBuffer
+    args = dict(max_size=8, sample_length=4, batch_size=4, warmup_transitions=0)
+    if name == "conduit_replay":
+        args["batch_length"] = 4  # SRL's uniform replay needs it beside sample_length
+    theirs, ours = cls(**args), srl_buffer.make_buffer(name, **args)
+    for i in range(8):
+        for buf in (theirs, ours):
+            buf.put(_actor_sample(na, i, info=i != 3, version=i))
+    a, b = theirs.get().sample, ours.get().sample
+    assert type(b) is na.NamedArray and b.shape == a.shape  # SRL's record, field for field, shape for shape
+    ids = b.reward[0, :, 0].astype(int)
+    np.testing.assert_array_equal(b.obs.obs[0, :, 0], ids)
+    np.testing.assert_array_equal(b.policy_version_steps[0, :, 0], ids)
+    assert b.policy_name is None and b.analyzed_result.ret is None
+    ours.close()
+
+
+def test_conduit_per_starts_samples_at_max_priority_as_srls_per_does(srl_buffer):
+    na = _namedarray(srl_buffer)
+    args = dict(max_size=4, sample_length=4, batch_size=2, warmup_transitions=0, alpha=0.7, max_priority=3.0)
+    theirs = srl_buffer.PrioritizedReplayBuffer(**args)
+    ours = srl_buffer.make_buffer("conduit_prioritized", **args)
+    for i in range(4):
+        theirs.put(_actor_sample(na, i))
+        ours.put(_actor_sample(na, i))
+    ours.edp.flush()
+    leaves, top = ours.edp.buffer.priorities_at(np.arange(4))
+    np.testing.assert_allclose(leaves, [theirs._sum_tree[i] for i in range(4)])
+    assert top == theirs._max_priority == 3.0
+    ours.close()
+
+
+def test_conduit_per_counts_duplicate_draws_as_srls_per_does(srl_buffer):
+    na = _namedarray(srl_buffer)
+    args = dict(max_size=4, sample_length=4, batch_size=4, warmup_transitions=0, alpha=1.0)
+    theirs = srl_buffer.PrioritizedReplayBuffer(**args)
+    ours = srl_buffer.make_buffer("conduit_prioritized", **args)
+    for i in range(4):
+        theirs.put(_actor_sample(na, i))
+        ours.put(_actor_sample(na, i))
+    reuses = {"srl": [], "conduit": []}
+    for label, buf in (("srl", theirs), ("conduit", ours)):
+        for _ in range(4):
+            e = buf.get()
+            reuses[label].append(float(e.reuses))
+            ids = e.sample.reward[0, :, 0].astype(int)
+            buf.update_priorities(np.asarray(e.sampling_indices), np.where(ids == 0, 1e9, 1e-9))
+        assert e.sample.reward[0, :, 0].tolist() == [0.0] * 4  # one slot drawn four times in one batch
+    assert reuses["conduit"] == reuses["srl"] == [0.0, 1.0, 2.0, 3.0]
+    ours.close()

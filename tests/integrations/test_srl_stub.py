@@ -58,10 +58,16 @@ class NamedArray:
         self._meta.update(kw)
 
     def length(self, dim: int = 0) -> int:
-        for _, v in self.items():
-            if hasattr(v, "shape") and dim < len(v.shape):
+        for _, v in self.items():  # arrays at this level only: a nested record is skipped
+            if isinstance(v, np.ndarray) and dim < v.ndim:
                 return v.shape[dim]
         raise IndexError(dim)
+
+    @property
+    def shape(self) -> dict[str, Any]:
+        """As SRL's record has one: its fields' shapes as a (nested) dict, so a record is not told from an
+        array by having a ``shape``."""
+        return {k: None if v is None else v.shape for k, v in self.items()}
 
     def min_of(self, k: str, ignore_negative: bool = True) -> float:
         v = np.asarray(self[k], dtype=np.float64)
@@ -126,11 +132,22 @@ class PriorityQueueBuffer(Buffer):
         return len(self.items)
 
 
+def _zeros_like(x):
+    if isinstance(x, NamedArray):
+        return NamedArray(**{k: None if v is None else _zeros_like(v) for k, v in x.items()})
+    return np.zeros_like(x)
+
+
 def _stack(xs):
-    """Recursively stack on axis 1 (None stays None)."""
+    """Recursively stack on axis 1: all None stays None, some None are filled with zeros of the others' shape
+    (a whole record too), as the notes document SRL's aggregation."""
+    present = [x for x in xs if x is not None]
+    if not present:
+        return None
+    xs = [_zeros_like(present[0]) if x is None else x for x in xs]
     if isinstance(xs[0], NamedArray):
         return NamedArray(**{k: _stack([x[k] for x in xs]) for k in xs[0].keys()})
-    return None if xs[0] is None else np.stack(xs, axis=1)
+    return np.stack(xs, axis=1)
 
 
 class PrioritizedReplayBuffer(Buffer):
@@ -239,6 +256,24 @@ def sample(i: int, t: int = 4, version: int = 0, dim: int = 3) -> NamedArray:
         policy_version_steps=np.full((t, 1), version, np.int64),
         policy_name=None,
         analyzed_result=NamedArray(ret=np.full((t, 1), i, np.float32), value=None),
+    )
+
+
+def actor_sample(i: int, t: int = 4, version: int = 0, info: bool = True) -> NamedArray:
+    """A sample as SRL's actors post it: ``obs`` and ``action`` records, an ``info`` record (``None`` at steps
+    with none), ``analyzed_result`` with ``None`` leaves, ``policy_state`` ``None``, a string ``policy_name``."""
+    return NamedArray(
+        obs=NamedArray(obs=np.full((t, 3), i, np.float32), mask=np.ones((t, 2), np.uint8)),
+        action=NamedArray(x=np.full((t, 1), i % 3, np.int32)),
+        reward=np.full((t, 1), i, np.float32),
+        done=np.zeros((t, 1), np.uint8), truncated=np.zeros((t, 1), np.uint8), on_reset=np.zeros((t, 1), np.uint8),
+        info=NamedArray(episode_return=np.full((t, 1), i, np.float32)) if info else None,
+        info_mask=np.zeros((t, 1), np.uint8),
+        policy_state=None,
+        analyzed_result=NamedArray(log_probs=np.zeros((t, 1), np.float32), value=np.zeros((t, 1), np.float32),
+                                   ret=None),
+        policy_name=np.array([["default"]] * t),
+        policy_version_steps=np.full((t, 1), version, np.int64),
     )
 
 

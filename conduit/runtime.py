@@ -361,6 +361,7 @@ class Conduit:
         interrupted save left beside it (:func:`conduit.checkpoint.read_manifest`).
         """
         manifest, state = checkpoint.load(path, fallback=fallback)
+        snapshot.check(path, manifest, state)  # a tampered field is a CheckpointError, before anything is built
         if self._restoring is not None or (self._started and self.buffer is not None and self.buffer.inserted):
             raise CheckpointError("restore into a fresh runtime (this one already holds data)")
         if manifest["policy"] != self.config.policy.value:
@@ -391,12 +392,11 @@ class Conduit:
         first push or pull, which loads the checkpoint's state; units it held pending are ingested through
         them. ``fallback``: see :meth:`restore`.
         """
-        _, manifest = checkpoint.read_manifest(path, fallback=fallback)
-        config = ConduitConfig(**{**manifest["config"], **overrides})
-        spec = ExperienceSpec.from_json(manifest["spec"]) if manifest["spec"] else None
+        where, manifest = checkpoint.read_manifest(path, fallback=fallback)
+        config, spec, schedule = snapshot.rebuild(where, manifest, overrides)  # each field checked
         runtime = cls(config, spec=spec, storage=storage, registry=registry)
         if "pinned" not in overrides:  # the schedule it ran under (a planner's choice, or the pinned one)
-            runtime.reschedule(Schedule.from_json(manifest["schedule"]))
+            runtime.reschedule(schedule)
         runtime.restore(path, fallback=fallback)
         return runtime
 

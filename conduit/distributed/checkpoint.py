@@ -9,11 +9,23 @@ Layout (a directory on a file system every rank sees)::
                         verified by checksum and read with weights_only
     COMPLETE            written last: the sha256 of MANIFEST.json
 
-Atomic as the core's: every rank writes into one temporary sibling directory, rank 0
-writes the manifest and its marker once every rank reported success, then renames the
-directory into place (the previous checkpoint set aside first, removed after). A
-crash at any point leaves the previous checkpoint whole; a failed rank makes every
-rank's ``save`` raise and the temporary is removed.
+Atomic as the core's: every rank writes into one temporary sibling directory
+(``.<name>.dtmp-<pid>-<host>-<id>``, named by rank 0), rank 0 writes the manifest and its
+marker once every rank reported success, then renames the directory into place (the
+previous checkpoint set aside first, removed after). A crash at any point leaves the
+previous checkpoint whole; a failed rank makes every rank's ``save`` raise, and rank 0
+removes the temporary (a rank that died or stalled included). Where rank 0 itself was
+killed, the next save removes what it left: temporaries whose rank 0 is no longer alive on
+this host (another host's are left alone: its pids say nothing here), as the core's save does.
+
+**Restore is all or nothing, on every rank.** Each rank first reads and verifies
+everything it will load (its shards, checksums and safe loads included) and checks
+that it is fresh, changing nothing; the ranks compare outcomes, and only where every
+rank succeeded does any rank load its rows, counters and generators. A restore
+refused on one rank (a damaged shard) raises ``CheckpointError`` on every rank and
+leaves every rank as it was, ready for another restore. Nothing is read from outside
+the checkpoint: a manifest whose shard paths (or a shard whose files) lead out of
+its directory is refused.
 
 **Restore onto the same ranks** loads each shard into its rank exactly (sampler and
 generators included) and the shared generator: the run continues draw for draw.
@@ -28,7 +40,9 @@ samplers' generators start afresh (another world draws differently anyway).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
 import uuid
 from pathlib import Path
 from typing import Any
@@ -39,7 +53,9 @@ import torch
 from conduit import checkpoint as core_checkpoint
 from conduit.core import SamplerKind
 from conduit.errors import CheckpointError
+from conduit.executor import process_alive
 from conduit.placement.records import largest_remainder
+from conduit.spec import ExperienceSpec
 from conduit.runtime import Conduit
 
 #: the rank's :class:`~conduit.distributed.runtime.DistributedConduit` (not imported: it imports this module)
@@ -52,20 +68,50 @@ VERSION = 1
 MANIFEST, COMPLETE = core_checkpoint.MANIFEST, core_checkpoint.COMPLETE  # sealed as the core seals its own
 
 
+#: this host in temporaries' names (no dash: the name's fields are split on it)
+_HOST = socket.gethostname().replace("-", "_") or "host"
+
+
 def _shard_dir(rank: int) -> str:
     return f"shard-{rank:05d}"
+
+
+def _remove_dead_temporaries(target: Path) -> None:
+    """What saves killed on rank 0 left beside ``target``: temporaries whose rank 0 ran on this host and is no
+    longer alive, or is this process (saves are collective: none of its own is under way), and unnamed ones
+    (only an earlier version wrote those)."""
+    for tmp in target.parent.glob(f".{target.name}.dtmp-*"):
+        parts = tmp.name.rsplit(".dtmp-", 1)[1].split("-")
+        if len(parts) == 1:
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif len(parts) == 3 and parts[1] == _HOST and parts[0].isdigit():
+            pid = int(parts[0])
+            if pid == os.getpid() or not process_alive(pid):  # (this process's: an earlier save, failed)
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 def save(edp: DistributedConduit, path: str | Path) -> Path:
     """Collective: see the module docstring. Returns ``path`` on every rank."""
     edp.sync()  # routed units and priority updates land first: nothing is in flight in a checkpoint
     target = Path(path).resolve()
-    names = edp.group.gather_object(f".{target.name}.dtmp-{uuid.uuid4().hex[:10]}", "save (temporary name)")
-    tmp = target.parent / names[0]
+    name = f".{target.name}.dtmp-{os.getpid()}-{_HOST}-{uuid.uuid4().hex[:10]}"
+    tmp = target.parent / edp.group.gather_object(name, "save (temporary name)")[0]
+    committed = False
+    try:
+        _save(edp, target, tmp)
+        committed = True
+    finally:
+        if edp.rank == 0 and not committed:  # failed anywhere, a rank that died or stalled included
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _save(edp: DistributedConduit, target: Path, tmp: Path) -> None:
     report: dict[str, Any] = {"ok": True}
     try:
         if edp.rank == 0:
             target.parent.mkdir(parents=True, exist_ok=True)
+            _remove_dead_temporaries(target)
             tmp.mkdir()
         edp.group.barrier("save (temporary directory)")
         where = tmp / _shard_dir(edp.rank)
@@ -90,10 +136,15 @@ def save(edp: DistributedConduit, path: str | Path) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
         edp.group.barrier("save (abandoned)")
         raise CheckpointError(f"{target}: ranks failed to save their shards: {failed}")
+    error = None
     if edp.rank == 0:
-        _commit(edp, target, tmp, reports)
-    edp.group.barrier("save (committed)")
-    return target
+        try:
+            _commit(edp, target, tmp, reports)
+        except Exception as e:  # said to every rank, which would otherwise wait for rank 0 until the timeout
+            error = f"{type(e).__name__}: {e}"
+    committed = edp.group.gather_object(error, "save (committed)")[0]
+    if committed is not None:
+        raise CheckpointError(f"{target}: rank 0 failed to commit the checkpoint: {committed}")
 
 
 def _commit(edp: DistributedConduit, target: Path, tmp: Path, reports: list[dict[str, Any]]) -> None:
@@ -121,7 +172,8 @@ def _rate_counts(edp: DistributedConduit, reports: list[dict[str, Any]]) -> dict
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
-    """The verified manifest of the distributed checkpoint at ``path`` (shards are verified when loaded)."""
+    """The verified manifest of the distributed checkpoint at ``path`` (shards are verified when loaded); its
+    shard paths are checked to stay inside ``path``."""
     p = Path(path)
     if not (p / MANIFEST).exists():
         raise CheckpointError(f"{p}: not a distributed Conduit checkpoint (no {MANIFEST})")
@@ -131,38 +183,113 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     if doc.get("format") != FORMAT or doc.get("version") != VERSION:
         raise CheckpointError(f"{p}: expected {FORMAT} version {VERSION}, found {doc.get('format')!r} "
                               f"version {doc.get('version')!r}")
+    world = doc.get("world")
+    if not (isinstance(world, int) and world > 0 and len(doc.get("shards", ())) == world
+            and len(doc.get("rows", ())) == world):
+        raise CheckpointError(f"{p}: the manifest's shards and row counts do not match its world size {world!r}")
+    for name in doc["shards"]:
+        _inside(p, name, "shard")
     return doc
 
 
+def _inside(p: Path, name: Any, what: str) -> Path:
+    """``p / name`` where ``name`` is an entry of the directory ``p`` itself, else ``CheckpointError``: nothing is
+    read from outside a checkpoint (no separators, no ``..``, no link leading out)."""
+    if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+        raise CheckpointError(f"{p}: {what} path {name!r} leads outside the checkpoint's directory (refused)")
+    where = p / name
+    if where.resolve().parent != p.resolve():
+        raise CheckpointError(f"{p}: {what} path {name!r} leads outside the checkpoint's directory (refused)")
+    return where
+
+
+def _contained(where: Path) -> Path:
+    """A shard's own checkpoint, its files checked to stay inside it before the core reads them."""
+    try:
+        doc = json.loads((where / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return where  # missing or unreadable: the core's load says so
+    names = list(doc.get("files", {}) or {}) + [f"{c}.pt" for c in doc.get("components", []) or []]
+    for name in names:
+        _inside(where, name, "file")
+    return where
+
+
 def restore(edp: DistributedConduit, path: str | Path) -> dict[str, Any]:
-    """Collective: load the checkpoint at ``path`` into this fresh group (see the module docstring)."""
+    """Collective: load the checkpoint at ``path`` into this fresh group (see the module docstring): every rank
+    reads and checks what it needs first; only if all of them could does any load."""
     p = Path(path)
-    doc = read_manifest(p)
-    if doc["policy"] != edp.config.policy.value:
-        raise CheckpointError(f"{p}: checkpoint is {doc['policy']}, the runtime is {edp.config.policy.value}")
-    same = doc["world"] == edp.world and list(doc["capacities"]) == list(edp.capacities)
+    doc, staged, error = None, None, None
+    try:
+        doc = read_manifest(p)
+        staged = _stage(edp, p, doc)
+    except Exception as e:  # every rank must still reach the gather below, or the others time out
+        error = f"{type(e).__name__}: {e}"
+    errors = edp.group.gather_object(error, "restore (shards read and checked)")
+    failed = {r: e for r, e in enumerate(errors) if e is not None}
+    if failed:
+        raise CheckpointError(f"{p}: restore refused, nothing loaded on any rank: ranks failed to read or check "
+                              f"their shards: {failed}")
+    assert doc is not None and staged is not None
     error = None
     try:
-        if same and edp.shard is not None:
-            edp.shard.restore(p / doc["shards"][edp.rank])
-        else:
-            _redeal(edp, p, doc)
-        if edp.rank == 0:
-            edp.add_counts(doc["counts"])
-    except Exception as e:
+        _apply(edp, p, doc, staged)
+    except Exception as e:  # (everything that could fail was checked above)
         error = f"{type(e).__name__}: {e}"
     errors = edp.group.gather_object(error, "restore (shards loaded)")
     failed = {r: e for r, e in enumerate(errors) if e is not None}
     if failed:
-        raise CheckpointError(f"{p}: ranks failed to restore: {failed}")
+        raise CheckpointError(f"{p}: ranks failed to load their checked shards, the others loaded: {failed}")
+    return doc
+
+
+def _stage(edp: DistributedConduit, p: Path, doc: dict[str, Any]) -> dict[str, Any]:
+    """Everything this rank will load, read and verified, and the checks it must pass; changes nothing."""
+    if doc["policy"] != edp.config.policy.value:
+        raise CheckpointError(f"{p}: checkpoint is {doc['policy']}, the runtime is {edp.config.policy.value}")
+    spec = ExperienceSpec.from_json(doc["spec"]) if doc.get("spec") else None
+    if spec is not None and edp.spec is not None and spec != edp.spec:
+        raise CheckpointError(f"{p}: the checkpoint's experience spec differs from the group's")
+    counts = edp.counters()
+    if any(counts.values()) or edp.restored:
+        raise CheckpointError("restore into a fresh runtime (this rank pushed, or restored, already)")
+    if (edp.shard is not None and edp.shard.buffer is not None and edp.shard.buffer.inserted) or (
+            edp.on_policy is not None and edp.on_policy.pushed_rows):
+        raise CheckpointError("restore into a fresh runtime (this rank's shard already holds data)")
+    same = doc["world"] == edp.world and list(doc["capacities"]) == list(edp.capacities)
+    if same and edp.shard is not None:
+        where = _contained(_inside(p, doc["shards"][edp.rank], "shard"))
+        manifest, state = core_checkpoint.load(where)
+        if manifest.get("policy") != edp.config.policy.value:
+            raise CheckpointError(f"{where}: shard is {manifest.get('policy')}, the runtime is "
+                                  f"{edp.config.policy.value}")
+        return {"where": where, "state": state, "spec": spec}
+    return {"rows": _gather_rows(edp, p, doc), "spec": spec}
+
+
+def _apply(edp: DistributedConduit, p: Path, doc: dict[str, Any], staged: dict[str, Any]) -> None:
+    """Load what :func:`_stage` read into this rank: rows, counters, generators."""
+    if "where" in staged:
+        assert edp.shard is not None
+        if edp.shard.buffer is not None:  # started: the state read already goes in now
+            edp.shard.load_state_dict(staged["state"])
+        else:  # loaded when the shard starts (hooks registered meanwhile see its pending units)
+            edp.shard.restore(staged["where"])
+    else:
+        _load_rows(edp, staged["rows"])
+    edp.restored = True
+    edp.agreement.learn(staged["spec"])
+    if edp.rank == 0:
+        edp.add_counts(doc["counts"])
     edp.shared_rng.bit_generator.state = doc["shared_rng"]
     if edp.rate is not None and doc.get("rate") is not None:  # the ratio continues (saved without one: anew)
         inserts, samples = int(doc["rate"]["inserts"]), int(doc["rate"]["samples"])
         edp.rate.restored(inserts, inserts if edp.rank == 0 else 0, samples)
-    return doc
 
 
-def _redeal(edp: DistributedConduit, p: Path, doc: dict[str, Any]) -> None:
+def _gather_rows(edp: DistributedConduit, p: Path, doc: dict[str, Any]) -> dict[str, Any] | None:
+    """Re-sharding: this rank's part of the checkpoint's live rows (and their priorities), read from the old
+    shards its range overlaps."""
     old_rows = [int(n) for n in doc["rows"]]
     total = sum(old_rows)
     weights = list(edp.capacities) if edp.shard is not None else [1.0] * edp.world
@@ -178,28 +305,32 @@ def _redeal(edp: DistributedConduit, p: Path, doc: dict[str, Any]) -> None:
     for k, n in enumerate(old_rows):
         a, b = max(lo, start), min(hi, start + n)
         if a < b:
-            rows, leaf, mp = _read_shard(edp, p / doc["shards"][k])
+            rows, leaf, mp = _read_shard(edp, _contained(_inside(p, doc["shards"][k], "shard")))
             parts.append({f: t[a - start : b - start] for f, t in rows.items()})
             if leaf is not None:
                 leaves.append(leaf[a - start : b - start])
                 max_priority = max(max_priority, mp)
         start += n
     if not parts:
-        return
+        return None
     merged = {f: torch.cat([part[f] for part in parts]) for f in parts[0]}
+    return {"merged": merged, "leaves": np.concatenate(leaves) if leaves else None, "max_priority": max_priority}
+
+
+def _load_rows(edp: DistributedConduit, rows: dict[str, Any] | None) -> None:
+    if rows is None:
+        return
     if edp.on_policy is not None:
-        edp.on_policy.load_rows(merged)
+        edp.on_policy.load_rows(rows["merged"])
         return
     assert edp.shard is not None
     edp.shard.start()
     buf = edp.shard.buffer
     assert buf is not None
-    if buf.inserted:
-        raise CheckpointError("restore into a fresh runtime (this rank's shard already holds data)")
-    buf.write([merged])
-    if leaves and edp.config.sampler is SamplerKind.PRIORITIZED:
+    buf.write([rows["merged"]])
+    if rows["leaves"] is not None and edp.config.sampler is SamplerKind.PRIORITIZED:
         slots, _ = buf.oldest_first()
-        buf.restore_priorities(slots, np.concatenate(leaves), max_priority)
+        buf.restore_priorities(slots, rows["leaves"], rows["max_priority"])
 
 
 def _read_shard(edp: DistributedConduit, where: Path) -> tuple[dict[str, torch.Tensor], np.ndarray | None, float]:

@@ -12,11 +12,24 @@ collective raises, and :class:`RankGroup` then finds out *which* rank failed
 before raising :class:`RankFailed`:
 
 * ranks on this host are checked by process id (registered at construction):
-  a rank whose process is gone is named as dead;
+  a rank whose process is gone is named as dead (checked again after the
+  window: a process just killed may break its connections before it is gone),
+  one whose process is stopped (SIGSTOP, a debugger) as stalled;
 * every surviving rank then marks itself alive in a small ``TCPStore`` of our
   own (hosted by rank 0) and waits, briefly and bounded, for the others' marks:
   a rank that leaves no mark is named as stalled or unreachable. Where the store
-  itself is gone, rank 0 (its host) is named.
+  itself is gone or does not answer (rank 0 stalled), rank 0 (its host) is named,
+  unless its mark was seen (it closed its store once its own diagnosis ended).
+
+**The bound.** A call waiting on a collective that a dead or stalled rank never
+joins raises :class:`RankFailed` at most :attr:`RankGroup.failure_bound_s` after
+that collective began: ``timeout_s`` (the collective's own timeout; a dead rank
+on this host usually breaks it at once) plus the diagnosis window,
+``min(1 s, max(0.1 s, timeout_s / 4))`` (3.75 s at ``timeout_s=3``), whichever
+rank stalled, rank 0 included. No store request waits past its bound: a store
+whose host stopped answering never returns a request (the client's own timeout
+does not cover it), so every request runs on a thread of its own and is given up
+on at its bound (:meth:`RankGroup.propose`, the diagnosis).
 
 The first failure is latched: every later call on any runtime using this group
 raises the same error (the process groups are unusable after a failed
@@ -35,6 +48,7 @@ import datetime
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -79,6 +93,10 @@ class RankGroup:
                 "(torch.distributed.init_process_group, torchrun, or conduit.distributed.launch)"
             )
         self.timeout = float(timeout)
+        #: the longest a failure diagnosis waits for the ranks' marks (module docstring)
+        self.window = min(1.0, max(0.1, 0.25 * self.timeout))
+        #: the longest a call waits on a collective a dead or stalled rank never joins before it raises RankFailed
+        self.failure_bound_s = self.timeout + self.window
         self.failure = FailureBox()
         self._lane: Lane | None = None
         self._ahead: tuple[Future[Any], float] | None = None  # the call started ahead, and its deadline
@@ -187,32 +205,84 @@ class RankGroup:
             self.failure.set(what, err)
             raise err from e
 
+    # -- the group's store (never a collective) ------------------------------------------------------
+    def propose(self, key: str, value: str) -> str:
+        """The group's value of ``key``: ``value`` if no rank set it before, else what the first one set (one
+        request to the store, bounded by ``timeout``; a store that does not answer fails the group, naming
+        rank 0). Used by a rank's first push to agree on the experience spec without a collective."""
+        self.failure.check()
+        store = self._store
+        if self.closed or store is None:
+            raise RuntimeClosed(f"rank {self.rank}: the rank group is closed")
+        what = f"agreeing on {key!r} through the group's store"
+        try:
+            answer = _bounded(lambda: store.compare_set(f"conduit/agree/{key}", "", value), self.timeout)
+        except Exception as e:
+            err = self._diagnose(what, e)
+            self.failure.set(what, err)
+            raise err from e
+        return answer.decode() if isinstance(answer, bytes) else str(answer)
+
+    def _marks(self, key: str, ranks: list[int], meanwhile: Callable[[], None]) -> tuple[set[int], bool, bool]:
+        """Leave this rank's mark under ``key`` and wait, at most the window, for ``ranks``' marks (running
+        ``meanwhile`` a fifth of the way in): the ranks whose marks were seen, whether the store answered at all,
+        and whether it failed (a request raised, or did not return in time: rank 0, its host, is gone, stalled,
+        or closed it once its own diagnosis ended)."""
+        store = self._store
+        seen: set[int] = set()
+        answered = [False]
+        start = time.monotonic()
+        if store is None:
+            meanwhile()
+            return seen, False, True
+        stop = threading.Event()
+        deadline = start + 0.8 * self.window
+
+        def probe() -> None:
+            store.set(f"{key}{self.rank}", "1")
+            while not stop.is_set():
+                for r in ranks:
+                    if r not in seen and store.check([f"{key}{r}"]):
+                        seen.add(r)
+                    answered[0] = True
+                if seen.issuperset(ranks) or time.monotonic() > deadline:
+                    return
+                time.sleep(0.02)
+
+        request = _Request(probe)
+        request.thread.join(0.2 * self.window)
+        meanwhile()
+        try:
+            request.result(start + self.window, stop)
+        except Exception:
+            return seen, answered[0], True
+        return seen, answered[0], False
+
     def _diagnose(self, what: str, exc: BaseException) -> RankFailed:
-        """Which ranks are dead or stalled (see the module docstring); bounded by a short window."""
+        """Which ranks are dead or stalled (see the module docstring); bounded by the window."""
         self.epoch += 1
         me = socket.gethostname()
-        dead = [r for r, p in enumerate(self.peers) if r != self.rank and p and p["host"] == me
-                and not process_alive(int(p["pid"]))]
-        silent: list[int] = []
-        store_down = False
-        window = min(1.0, max(0.1, 0.25 * self.timeout))
-        if self._store is not None:
-            key = f"conduit/fail/{self.epoch}/"
-            try:
-                self._store.set(f"{key}{self.rank}", "1")
-                deadline = time.monotonic() + window
-                keys = [f"{key}{r}" for r in range(self.world) if r not in dead]
-                while time.monotonic() < deadline and not self._store.check(keys):
-                    time.sleep(0.02)
-                silent = [r for r in range(self.world) if r not in dead and not self._store.check([f"{key}{r}"])]
-            except Exception:  # the store's host (rank 0) is gone
-                store_down = True
+        here = [r for r, p in enumerate(self.peers) if r != self.rank and p and p["host"] == me]
+        gone = [r for r in here if not process_alive(int(self.peers[r]["pid"]))]
+        dead: list[int] = []
+
+        def look_again() -> None:  # a process killed just now may break its connections a moment before it is
+            # gone; later, a rank may have ended after its own diagnosis: that is no death to name
+            dead.extend(r for r in here if r in gone or not process_alive(int(self.peers[r]["pid"])))
+
+        seen, answered, store_down = self._marks(f"conduit/fail/{self.epoch}/",
+                                                 [r for r in range(self.world) if r not in gone], look_again)
+        dead = [r for r in dead if r in gone or r not in seen]
+        stopped = [r for r in here if r not in dead and _stopped(int(self.peers[r]["pid"]))]
+        # marks not seen say something only where the store answered (if it failed after, what was seen stands)
+        silent = sorted({r for r in range(self.world) if answered and r not in seen and r not in dead
+                         and r != self.rank} | set(stopped))
         parts = []
         if dead:
             parts.append(f"rank(s) {dead} died (process gone)")
         if silent:
-            parts.append(f"rank(s) {silent} did not answer within {self.timeout + window:.3g}s (stalled or lost)")
-        if store_down and 0 not in dead:
+            parts.append(f"rank(s) {silent} did not answer within {self.failure_bound_s:.3g}s (stalled or lost)")
+        if store_down and self.rank != 0 and 0 not in dead and 0 not in seen:
             parts.append("rank 0 is unreachable (it hosts the group's store)")
             silent.append(0)
         if not parts:
@@ -233,6 +303,51 @@ class RankGroup:
         self._store = None
         self.closed = True
         self.meta = self.rows = None  # type: ignore[assignment]
+
+
+class _Request:
+    """``fn()`` (a store request) on a thread of its own, so that the caller can give up on it: a request the
+    store never answers (its host stopped) leaves its daemon thread blocked until the connection breaks; the
+    group has failed by then, and makes no further request."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.out: dict[str, Any] = {}
+        self.thread = threading.Thread(target=self._run, args=(fn,), name="rank-store-request", daemon=True)
+        self.thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.out["value"] = fn()
+        except BaseException as e:  # handed to the caller
+            self.out["error"] = e
+
+    def result(self, deadline: float, stop: threading.Event | None = None) -> Any:
+        """What ``fn`` returned by ``deadline`` (monotonic), or raised; ``ConduitTimeout`` if it had not ended.
+        ``stop`` is set a moment before the deadline, for a polling ``fn`` to end between two requests."""
+        grace = min(0.1, 0.2 * max(0.0, deadline - time.monotonic())) if stop is not None else 0.0
+        self.thread.join(max(0.0, deadline - grace - time.monotonic()))
+        if stop is not None:
+            stop.set()
+            self.thread.join(max(0.0, deadline - time.monotonic()))
+        if "error" in self.out:
+            raise self.out["error"]
+        if self.thread.is_alive() or "value" not in self.out:
+            raise ConduitTimeout("the group's store did not answer in time")
+        return self.out["value"]
+
+
+def _bounded(fn: Callable[[], T], seconds: float) -> T:
+    """``fn()`` (a store request), given up on after ``seconds`` (:class:`_Request`)."""
+    return _Request(fn).result(time.monotonic() + seconds)  # type: ignore[no-any-return]
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` of this host is stopped (SIGSTOP, a debugger): stalled, whatever its store says."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):  # gone, or no procfs
+        return False
 
 
 def _multi_host() -> bool:

@@ -48,13 +48,13 @@ def ray_learners(
 ) -> list[Any]:
     """Run ``fn(rank, world, port, *args)`` in ``world`` Ray actors (one per rank); their results by rank.
 
-    Needs Ray initialised by the caller (``pip install "conduit-edp[rllib]"`` brings it). Each actor is a
+    Needs Ray initialised by the caller (``pip install ".[rllib]"`` in a clone of Conduit brings it). Each actor is a
     separate process that forms the torch.distributed group with the others through ``fn``.
     """
     try:
         import ray
     except ImportError as e:  # pragma: no cover - depends on the extra
-        raise ImportError('ray_learners needs Ray: pip install "conduit-edp[rllib]"') from e
+        raise ImportError('ray_learners needs Ray: pip install ".[rllib]" (in a clone of Conduit)') from e
 
     @ray.remote(num_cpus=num_cpus)
     class _Learner:

@@ -30,7 +30,7 @@ from conduit.distributed.exchange import RowLayout
 from conduit.distributed.sampling import on_policy_plan
 from conduit.errors import SemanticsError
 from conduit.hooks import HookKind, Reader, Writer
-from conduit.spec import Data, ExperienceSpec, as_tensors, rows_of
+from conduit.spec import Data, ExperienceSpec, rows_of
 
 #: the rank's :class:`~conduit.distributed.runtime.DistributedConduit` (not imported: it imports this module)
 DistributedConduit = Any
@@ -51,9 +51,11 @@ class OnPolicyShare:
         self.pushed_rows = 0
 
     def push(self, data: Data) -> None:
-        """Run the ingestion hook and keep what it writes for the open iteration (all-or-nothing)."""
+        """Run the ingestion hook and keep what it writes for the open iteration (all-or-nothing), every unit
+        checked against the group's one spec (:mod:`conduit.distributed.admission`)."""
         spec = self.owner.registry.get(HookKind.INGESTION)
-        tensors = as_tensors(data)
+        agreement = self.owner.agreement
+        tensors = agreement.check(data, hooked=spec is not None)
         if spec is None:
             items = [tensors]
         else:
@@ -64,7 +66,7 @@ class OnPolicyShare:
             checked = []
             for item in items:
                 if self.spec is None:
-                    self.spec = ExperienceSpec.infer(item)
+                    self.spec = agreement.spec_for(item)
                 checked.append({k: v.clone() for k, v in self.spec.validate(item).items()})
             self._units += checked
             self.pushed_rows += rows_of(tensors)

@@ -21,10 +21,14 @@ pinned or pageable memory (:mod:`conduit.distributed.shards`).
 **Which calls are collective.** ``pull`` (global sampling), ``minibatches``,
 ``sync``, ``stats``, ``save`` and construction: every rank calls them, in the
 same order, as a data-parallel learner calls its all-reduce. ``push``,
-``update_priorities`` and ``flush`` never communicate: a unit routed to another
+``update_priorities`` and ``flush`` join no collective: a unit routed to another
 shard, or a priority for a row another rank holds, waits in an outbox and moves
 at the next collective (before that collective samples, so a priority update is
-in place for the next draw exactly as on one buffer).
+in place for the next draw exactly as on one buffer). Where no spec was declared,
+a rank's first push asks the group's store once which spec the group holds.
+
+**Bad input** raises ``SpecError`` at the push, on every rank and under every routing, changing
+nothing: checked as the core checks it, against the group's one spec (:mod:`conduit.distributed.admission`).
 
 **Sampling.** ``sampling="global"`` (the default) draws each learner's batch over
 all rows of all shards with one buffer's distribution (uniform over every row,
@@ -44,22 +48,23 @@ ingests it; :meth:`DistributedConduit.stats` adds them up over the group:
 ``pushed == ingested + refused + in flight``, in flight being 0 after ``sync``.
 
 **Rate limit.** ``rate_limit`` keeps the group's samples per insert in the band one buffer would
-(:mod:`conduit.distributed.ratelimit`): pushes still never communicate, but wait for their rank's
+(:mod:`conduit.distributed.ratelimit`): pushes still join no collective, but wait for their rank's
 part of the room, which each sync shares out.
 
 **Faults.** Every collective is bounded by ``timeout_s``; a rank that died or
-stalled makes the others' next collective raise :class:`RankFailed` naming it
-(:mod:`conduit.distributed.group`), and every later call raises it again.
+stalled makes the others' next collective raise :class:`RankFailed` naming it,
+at most ``timeout_s`` plus the diagnosis window ``min(1 s, max(0.1 s, timeout_s / 4))``
+after that collective began (``group.failure_bound_s``: :mod:`conduit.distributed.group`),
+and every later call raises it again.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -72,6 +77,7 @@ from conduit.batch import Batch
 from conduit.config import ConduitConfig
 from conduit.core import Policy
 from conduit.distributed import sampling as smp
+from conduit.distributed.admission import GroupSpec, Router, spec_text
 from conduit.distributed.exchange import dumps, loads
 from conduit.distributed.group import RankGroup
 from conduit.distributed.options import DistributedStats, Routing, Sampling, validate, validate_rate
@@ -93,7 +99,7 @@ from conduit.distributed.shards import shard_storage
 from conduit.errors import ConfigError, SemanticsError, SpecError
 from conduit.hooks import HookKind, HookRegistry, Reader, Writer
 from conduit.runtime import Conduit
-from conduit.spec import Data, ExperienceSpec, as_tensors, rows_of
+from conduit.spec import Data, ExperienceSpec, as_tensors, batch_size_of, rows_of
 
 __all__ = ["DistributedConduit"]
 
@@ -150,19 +156,24 @@ class DistributedConduit:
             device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         seed = cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().generate_state(1)[0])
-        peers = self.group.gather_object((seed, str(self.device)), "seeding")
+        peers = self.group.gather_object((seed, str(self.device), spec_text(spec)), "seeding")
+        if len({p[2] for p in peers}) > 1:  # every rank refuses, alike: the group holds one spec
+            self.group.close()
+            raise SpecError(f"the ranks declared different experience specs: {[p[2] or None for p in peers]}")
         #: the generator every rank holds alike (request matrices, on-policy permutations)
         self.shared_rng = np.random.default_rng([int(peers[0][0]), 0x5EED])
         hosts = [p["host"] for p in self.group.peers]
         #: ranks of this host whose learners share this rank's device (their shards share its memory)
-        self.device_sharers = sum(1 for r, (_, d) in enumerate(peers) if hosts[r] == hosts[self.rank]
+        self.device_sharers = sum(1 for r, (_, d, _) in enumerate(peers) if hosts[r] == hosts[self.rank]
                                   and d == str(self.device))
+        #: the group's one experience spec, and the check every push makes against it
+        self.agreement = GroupSpec(self.group, spec, frozenset(cfg.growable))
+        self._settled = False  # whether this shard took a checked unit (its own checks are then the group's)
+        self.restored = False  # whether a checkpoint was loaded (a runtime restores once, fresh)
         self._lock = threading.Lock()
         self._outbox: list[dict[str, list[Any]]] = [{"units": [], "priorities": []} for _ in range(self.world)]
         self._outbox_rows = 0
-        self._rr = self.rank
         self._counts = {"pushed": 0, "ingested": 0, "refused": 0}
-        self._spec: ExperienceSpec | None = spec
         self._closed = False
         self._channels: list[Any] = []
         self.rate = (GroupRateLimit(cfg.rate_limit, cfg.sample_min, self.rank, self.world, self.group.check,
@@ -170,8 +181,7 @@ class DistributedConduit:
         if cfg.policy is Policy.OFF_POLICY:
             assert cfg.capacity is not None
             self.capacities = smp.shard_capacities(cfg.capacity, self.world, shares)
-            self._share = np.asarray(self.capacities, dtype=np.float64) / sum(self.capacities)
-            self._routed = np.zeros(self.world, dtype=np.float64)
+            self.router = Router(self.routing, self.rank, self.capacities)
             shard_cfg = shard_config(cfg, self.capacities[self.rank], self.rank, str(self.device))
             storage = shard_storage(cfg, self.device, self.capacities[self.rank], self.group.local_ranks,
                                     gpu_sharers=self.device_sharers)
@@ -203,42 +213,48 @@ class DistributedConduit:
         return self
 
     def push(self, data: Data, *, timeout: float | None = None, copy: bool | None = None) -> None:
-        """Push one rollout unit into the shard routing picks (this rank's, by default)."""
+        """Push one rollout unit into the shard routing picks (this rank's, by default).
+
+        A bad unit raises ``SpecError`` here, whichever shard it is routed to, and nothing is counted, routed or
+        stored (:mod:`conduit.distributed.admission`)."""
         self.group.check()
         if self.on_policy is not None:
             self.on_policy.push(data)
             return
         assert self.shard is not None
-        tensors = as_tensors(data)
-        n = rows_of(tensors)
+        unit, n = self._checked(data)
         if self.rate is not None:
             self.rate.admit(n, self.config.timeout_s if timeout is None else timeout)
-        with self._lock:
-            dest = self._route(n)
-            self._counts["pushed"] += n
-            if dest != self.rank:
-                keep = copy if copy is not None else self.config.copy_on_push
-                self._outbox[dest]["units"].append({k: v.clone() if keep else v for k, v in tensors.items()})
-                self._outbox_rows += n
-                return
+        counted = False
         try:
-            self.shard.push(data, timeout=timeout, copy=copy)
-        except SpecError:
             with self._lock:
-                self._counts["pushed"] -= n  # a refused push changes nothing, as on one runtime
+                dest = self.router.route(n)
+                self._counts["pushed"] += n
+                counted = True
+                if dest != self.rank:
+                    keep = copy if copy is not None else self.config.copy_on_push
+                    self._outbox[dest]["units"].append({k: v.clone() if keep else v for k, v in unit.items()})
+                    self._outbox_rows += n
+                    return
+            self.shard.push(unit, timeout=timeout, copy=copy)
+        except SpecError:
+            if counted:
+                with self._lock:
+                    self._counts["pushed"] -= n  # a refused push changes nothing, as on one runtime
             if self.rate is not None:
                 self.rate.give_back(n)  # (a push that timed out is still queued: it inserts, and counts)
             raise
+        self._settled = True
         with self._lock:
             self._counts["ingested"] += n
 
-    def _route(self, rows: int) -> int:
-        if self.routing is Routing.LOCAL:
-            return self.rank
-        if self.routing is Routing.ROUND_ROBIN:
-            self._rr = (self._rr + 1) % self.world
-            return self._rr
-        return smp.proportional_route(self._routed, self._share, rows)
+    def _checked(self, data: Data) -> tuple[Data, int]:
+        """The unit to push and its rows, checked as the core's push checks it against the group's spec. Where
+        it stays on this shard and the shard took a checked unit already, the shard's own push checks it."""
+        if self.routing is Routing.LOCAL and self._settled and isinstance(data, Mapping) and data:
+            return data, batch_size_of(as_tensors(data))
+        unit = self.agreement.check(data, hooked=self.registry.get(HookKind.INGESTION) is not None)
+        return unit, rows_of(unit)
 
     def flush(self, *, timeout: float | None = None) -> None:
         """Ingest every unit pushed into this rank's shard so far (routed units move at the next collective)."""
@@ -304,13 +320,7 @@ class DistributedConduit:
 
     def agree_on_spec(self, keys: np.ndarray) -> None:
         """Every rank lays rows out by one spec: learn it where this shard has none yet, refuse a mismatch."""
-        known = keys[keys > 0]
-        if known.size and (known != known[0]).any():
-            raise SpecError(f"the ranks' shards hold different experience specs (spec keys {keys.tolist()})")
-        if known.size and known.size < keys.size:  # the same decision on every rank: all of them gather
-            specs = self.group.gather_object(self.spec.to_json() if self.spec else None, "sync (the spec)")
-            if self.spec is None:
-                self._spec = ExperienceSpec.from_json(next(s for s in specs if s is not None))
+        self.agreement.settle(keys, self.spec)
 
     def _state_vector(self, give_up: bool, sizes: list[int]) -> torch.Tensor:
         buf = self.shard.buffer if self.shard is not None else None
@@ -323,10 +333,8 @@ class DistributedConduit:
     def spec_key(self) -> float:
         """A checksum of this rank's spec (0: none yet), for the ranks to agree on one row layout."""
         spec = self.spec
-        if spec is None:
-            return 0.0
-        self._spec = spec
-        return float(zlib.crc32(json.dumps(spec.to_json(), sort_keys=True).encode()) + 1)
+        self.agreement.learn(spec)
+        return 0.0 if spec is None else float(zlib.crc32(spec_text(spec).encode()) + 1)
 
     def _receive(self, recv: torch.Tensor, sizes: list[int]) -> None:
         assert self.shard is not None and self.shard.buffer is not None
@@ -453,7 +461,7 @@ class DistributedConduit:
             return self.shard.spec
         if self.on_policy is not None and self.on_policy.spec is not None:
             return self.on_policy.spec
-        return self._spec
+        return self.agreement.spec
 
     def actor_channel(self, maxsize: int = 8, context: str = "spawn") -> Any:
         """A channel actor processes push through into this rank (routing applies to what they push)."""

@@ -23,6 +23,7 @@ import conduit.distributed as cd
 from conduit.distributed import launch
 from conduit.distributed.checkpoint import read_manifest
 from conduit.distributed.plan import DeliveryPlanner
+from tests.distributed import promises
 
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-6
 BATCH = 64
@@ -232,10 +233,17 @@ def rate_limited(rank: int, world: int, ck: str) -> dict[str, Any]:
 
     t = threading.Thread(target=actor, name="test-actor")
     t.start()
-    seen = []
+    seen = []  # the group's counts as each exchange drew (on the overlapped lane, at the same point on every rank)
+    drew = edp.rate.drew
+
+    def recording(rows: int) -> None:
+        drew(rows)
+        seen.append([edp.rate.limiter.inserts, edp.rate.limiter.samples])
+
+    edp.rate.drew = recording
     for _ in range(30):
         edp.pull()
-        seen.append([edp.rate.limiter.inserts, edp.rate.limiter.samples])
+    seen = seen[:30]  # the exchanges the 30 pulls delivered (the lane may be drawing the next one now)
     stop.set()
     stats = edp.stats()
     final = [sum(stats.pushed_rows), edp.rate.limiter.samples]
@@ -336,10 +344,19 @@ def scenarios(rank: int, world: int, port: int, out: str, ck: str, mode: str) ->
     res["auto_replan"] = auto_replan(rank, world)
     res["rate_limited"] = rate_limited(rank, world, f"{ck}-rate{world}")
     res["on_policy"] = on_policy(rank, world)
+    res["push_checks"] = promises.push_checks(rank, world)
+    res["diverge"] = promises.first_units_diverge(rank, world)
+    res["push_checks_more"] = promises.hooked_and_on_policy(rank, world)
     if mode == "save":
+        res["leftovers_before"] = promises.leftovers(ck)  # a save killed before this run left its temporary
         res["save"] = save_shards(rank, world, ck)
+        res["leftovers_after"] = promises.leftovers(ck)
+        if rank == 0:
+            promises.damage(ck)
+        promises.edp_gather(rank, world, None)
     elif mode == "restore":
         res["restore"] = restore_shards(rank, world, ck)
+    res["restore_refusals"] = promises.restore_refusals(rank, world, ck, promises.damaged(ck))
     if rank == 0:
         Path(out).write_text(json.dumps(res))
     dist.destroy_process_group()
@@ -376,6 +393,7 @@ def killed(rank: int, world: int, port: int, out: str, victim: int, how: str = "
     except Exception as e:  # pragma: no cover - reported to the parent
         report.update(raised=type(e).__name__, message=str(e)[:500], seconds=time.monotonic() - t0)
     Path(out, f"rank{rank}.json").write_text(json.dumps(report))
+    promises.wait_for_reports(out, [r for r in range(world) if r != victim])  # no survivor ends while others diagnose
     edp.close()
     os._exit(0)  # the group is broken: skip torch.distributed's teardown
 

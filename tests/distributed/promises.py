@@ -1,0 +1,311 @@
+"""What each rank runs to check that the sharded buffer keeps the core's promises (issue #47): a bad push
+raises ``SpecError`` at the push and changes nothing, under every routing; the group holds one spec; a
+refused restore changes nothing on any rank; a stalled rank is named within the documented bound.
+
+The scenarios run inside the session's spawned groups (:func:`tests.distributed.workers.scenarios`, and
+:func:`stalled_save` in a small group of its own). Every scenario catches what it raises and returns it as
+data, so an unexpected error on one rank never leaves the others waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import conduit
+import conduit.distributed as cd
+from conduit.checkpoint import COMPLETE, MANIFEST
+from conduit.distributed import launch
+from conduit.spec import ExperienceSpec, FieldSpec
+
+#: the test rows' layout (``workers.unit``): obs float32 [n, 3], tid int64 [n]; obs declared finite
+SPEC = ExperienceSpec({"obs": FieldSpec("obs", (3,), torch.float32, finite=True),
+                       "tid": FieldSpec("tid", (), torch.int64)})
+ROUTINGS = ("local", "round_robin", "proportional")
+
+
+def good(rank: int, k: int, n: int = 4, cols: int = 3) -> dict[str, torch.Tensor]:
+    tid = torch.arange(n, dtype=torch.int64) + rank * 1000 + k * n
+    return {"obs": tid.to(torch.float32).unsqueeze(1).repeat(1, cols), "tid": tid}
+
+
+def bad_units(declared: bool) -> dict[str, Any]:
+    """Writes the core refuses at the push (NaN only where ``finite`` is declared)."""
+    tid = torch.arange(4, dtype=torch.int64)
+    obs = torch.zeros(4, 3)
+    out: dict[str, Any] = {
+        "complex": {"obs": torch.zeros(4, 3, dtype=torch.complex64), "tid": tid},
+        "missing_field": {"obs": obs},
+        "leading_dims": {"obs": torch.zeros(5, 3), "tid": tid},
+        "list": [{"obs": obs, "tid": tid}],
+        "empty": {},
+    }
+    if declared:
+        nan = obs.clone()
+        nan[1, 2] = float("nan")
+        out["nan_finite"] = {"obs": nan, "tid": tid}
+    return out
+
+
+def _outcome(fn: Any) -> str:
+    try:
+        fn()
+    except Exception as e:  # the name is what the test checks
+        return type(e).__name__
+    return "accepted"
+
+
+def _tids(edp: cd.Conduit) -> list[int]:
+    _, rows = edp.shard.buffer.oldest_first() if edp.shard.buffer is not None else (None, {})
+    return rows["tid"].tolist() if rows else []
+
+
+def push_checks(rank: int, world: int) -> dict[str, Any]:
+    """Per routing, declared spec or inferred: a good unit, every bad one, another good unit; then the group's
+    counters and where each row landed."""
+    out: dict[str, Any] = {}
+    for routing in ROUTINGS:
+        for declared in (True, False):
+            edp = cd.Conduit(policy="off_policy", train_batch_size=8, capacity=200 * world, seed=5, timeout_s=30,
+                             routing=routing, spec=SPEC if declared else None)
+            res: dict[str, Any] = {}
+            try:
+                edp.push(good(rank, 0))
+                before = edp.counters()
+                res["bad"] = {name: _outcome(lambda u=u: edp.push(u)) for name, u in bad_units(declared).items()}
+                res["counters_unchanged"] = edp.counters() == before
+                edp.push(good(rank, 1))
+                st = edp.stats()
+                res.update(pushed=list(st.pushed_rows), ingested=list(st.ingested_rows),
+                           refused=list(st.refused_rows), in_flight=list(st.in_flight_rows),
+                           shard_rows=list(st.shard_rows), exactly_once=st.exactly_once)
+                res["shards"] = edp.group.gather_object(_tids(edp), "test: shard contents")
+            except Exception as e:  # reported, never left to hang the others
+                res["error"] = f"{type(e).__name__}: {e}"
+            edp.close()
+            every = edp_gather(rank, world, res)
+            out[f"{routing}/{'declared' if declared else 'inferred'}"] = every
+    return out
+
+
+def hooked_and_on_policy(rank: int, world: int) -> dict[str, Any]:
+    """Round-robin with an ingestion hook (the unit checked is the hook's input; it runs where the unit lands),
+    and on-policy (the hook-less unit checked against the group's spec): bad pushes raise at the push."""
+    out: dict[str, Any] = {}
+    for case in ("hooked_round_robin", "on_policy"):
+        if case == "on_policy":
+            edp = cd.Conduit(policy="on_policy", train_batch_size=8 * world, num_minibatches=2, num_epochs=1,
+                             num_learners=world, seed=7, timeout_s=30)
+        else:
+            edp = cd.Conduit(policy="off_policy", train_batch_size=8, capacity=200 * world, seed=5, timeout_s=30,
+                             routing="round_robin")
+
+            @edp.register_ingestion()
+            def doubled(actor_in: Any, exp_out: Any) -> None:
+                unit = actor_in.read()
+                exp_out.write({**unit, "twice": unit["tid"] * 2})
+
+        res: dict[str, Any] = {}
+        try:
+            edp.push(good(rank, 0))
+            before = edp.on_policy.pushed_rows if edp.on_policy is not None else edp.counters()
+            res["bad"] = {name: _outcome(lambda u=u: edp.push(u)) for name, u in bad_units(False).items()}
+            after = edp.on_policy.pushed_rows if edp.on_policy is not None else edp.counters()
+            res["counters_unchanged"] = after == before
+            edp.push(good(rank, 1))
+            if edp.on_policy is not None:
+                res["rows"] = sorted(t for b in edp.minibatches() for t in b["tid"].tolist())
+            else:
+                st = edp.stats()
+                res.update(pushed=sum(st.pushed_rows), ingested=sum(st.ingested_rows), refused=sum(st.refused_rows))
+        except Exception as e:
+            res["error"] = f"{type(e).__name__}: {e}"
+        edp.close()
+        out[case] = edp_gather(rank, world, res)
+    return out
+
+
+def edp_gather(rank: int, world: int, obj: Any) -> list[Any]:
+    """Gather over the default group (a runtime whose collectives failed cannot gather)."""
+    got: list[Any] = [None] * world
+    torch.distributed.all_gather_object(got, obj)
+    return got
+
+
+def first_units_diverge(rank: int, world: int) -> dict[str, Any]:
+    """No declared spec; rank 0's first unit has 5 columns where the others' have 3.
+
+    ``ordered``: the others push first, then rank 0 (round-robin routing). ``concurrent``: everyone at once
+    (local routing): whichever layout the group took first, a rank whose unit differs is refused at its push
+    and pushes the group's layout instead. Then every rank pulls a few batches."""
+    out: dict[str, Any] = {}
+    for case, routing in (("ordered", "round_robin"), ("concurrent", "local")):
+        edp = cd.Conduit(policy="off_policy", train_batch_size=4, capacity=200 * world, seed=9, timeout_s=30,
+                         routing=routing, min_size_to_sample=4)
+        cols = 5 if rank == 0 else 3
+        res: dict[str, Any] = {"first": None, "pulls": []}
+        try:
+            if case == "ordered":
+                if rank != 0:
+                    edp.push(good(rank, 0, cols=cols))
+                edp_gather(rank, world, None)  # the others' units are pushed before rank 0's
+                res["first"] = _outcome(lambda: edp.push(good(rank, 0, cols=cols)) if rank == 0 else None)
+            else:
+                res["first"] = _outcome(lambda: edp.push(good(rank, 0, cols=cols)))
+            if res["first"] != "accepted":  # the group holds the other layout
+                edp.push(good(rank, 1, cols=3 if cols == 5 else 5))
+            for _ in range(3):
+                res["pulls"].append(_outcome(edp.pull))
+            res["spec"] = list(edp.spec["obs"].shape) if edp.spec is not None else None
+        except Exception as e:
+            res["error"] = f"{type(e).__name__}: {e}"
+        edp.close()
+        out[case] = edp_gather(rank, world, res)
+    return out
+
+
+# -- checkpoints ---------------------------------------------------------------------------------
+def _runtime() -> cd.Conduit:
+    """The config of ``workers.save_shards``, so its checkpoint restores here."""
+    return cd.Conduit(policy="off_policy", train_batch_size=16, capacity=200 * 4, sampler="prioritized", seed=23,
+                      timeout_s=30, prioritized=conduit.PrioritizedReplay(alpha=0.6, beta=0.4, eps=1e-6))
+
+
+def _reseal(path: Path, doc: dict[str, Any]) -> None:
+    import hashlib
+
+    (path / MANIFEST).write_text(json.dumps(doc, indent=1))
+    (path / COMPLETE).write_text(hashlib.sha256((path / MANIFEST).read_bytes()).hexdigest())
+
+
+def damaged(ck: str) -> dict[str, str]:
+    """The copies :func:`damage` makes of ``ck``."""
+    return {"damaged": f"{ck}-damaged", "escape": f"{ck}-escape"}
+
+
+def damage(ck: str) -> dict[str, str]:
+    """Next to the checkpoint ``ck``: a copy whose shard 1 is damaged, and a copy whose manifest points shard 1
+    outside its directory (at an intact shard there, resealed)."""
+    src = Path(ck)
+    bad = src.with_name(src.name + "-damaged")
+    shutil.copytree(src, bad)
+    pt = sorted((bad / "shard-00001").glob("*.pt"))[0]
+    raw = bytearray(pt.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    pt.write_bytes(bytes(raw))
+    escape = src.with_name(src.name + "-escape")
+    elsewhere = src.with_name(src.name + "-elsewhere")
+    shutil.copytree(src, escape)
+    elsewhere.mkdir()
+    shutil.copytree(src / "shard-00001", elsewhere / "shard-00001")
+    doc = json.loads((escape / MANIFEST).read_text())
+    doc["shards"][1] = f"../{elsewhere.name}/shard-00001"
+    _reseal(escape, doc)
+    return damaged(ck)
+
+
+def _state(edp: cd.Conduit) -> dict[str, Any]:
+    return {"rows": edp.shard.buffer.rows if edp.shard.buffer is not None else 0, "counters": edp.counters(),
+            "rng": edp.shared_rng.bit_generator.state["state"]["state"]}
+
+
+def restore_refusals(rank: int, world: int, ck: str, paths: dict[str, str]) -> dict[str, Any]:
+    """Restores that must be refused on every rank and change nothing, then the intact checkpoint, into the same
+    runtime: it must load."""
+    edp = _runtime()
+    res: dict[str, Any] = {"before": _state(edp), "refused": {}}
+    for name in ("damaged", "escape"):
+        try:
+            edp.restore(paths[name])
+            res["refused"][name] = {"raised": None}
+        except Exception as e:
+            res["refused"][name] = {"raised": type(e).__name__, "message": str(e)[:400]}
+        res["refused"][name]["after"] = _state(edp)
+    try:
+        edp.restore(ck)
+        st = edp.stats()  # (starts the shard: a restore into one not started yet loads when it starts)
+        res["good"] = {"raised": None, "rows": edp.shard.buffer.rows, "tids": sorted(_tids(edp)),
+                       "pushed": sum(st.pushed_rows), "exactly_once": st.exactly_once}
+    except Exception as e:
+        res["good"] = {"raised": type(e).__name__, "message": str(e)[:400]}
+    edp.close()
+    return {"ranks": edp_gather(rank, world, res)}
+
+
+def leftovers(ck: str) -> list[str]:
+    """Temporaries of distributed saves beside the checkpoint ``ck``."""
+    p = Path(ck)
+    return sorted(x.name for x in p.parent.glob(f".{p.name}.dtmp*"))
+
+
+# -- a rank stalled in the middle of a save ----------------------------------------------------------------
+STALL_TIMEOUT = 3.0
+
+
+def stalled_save(rank: int, world: int, port: int, out: str, ck: str) -> None:
+    """Rank 0 (which hosts the group's store and owns the save's temporary) stops itself (SIGSTOP) once its shard
+    is written; the others' save must raise ``RankFailed`` naming it within the documented bound. The parent then
+    kills rank 0: a save killed on one rank."""
+    launch.init_process_group(rank, world, port, timeout_s=60)
+    edp = cd.Conduit(policy="off_policy", train_batch_size=8, capacity=1000, seed=1, timeout_s=STALL_TIMEOUT)
+    edp.push(good(rank, 0, n=16))
+    edp.sync()
+    if rank == 0:
+        save = edp.shard.save
+
+        def save_then_stop(where: Any, **kw: Any) -> Any:
+            done = save(where, **kw)
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return done
+
+        edp.shard.save = save_then_stop
+    report: dict[str, Any] = {"rank": rank, "bound": getattr(edp.group, "failure_bound_s", None)}
+    t0 = time.monotonic()
+    try:
+        edp.save(ck)
+        report["raised"] = None
+    except cd.RankFailed as e:
+        report.update(raised="RankFailed", ranks=list(e.ranks), message=str(e).splitlines()[0])
+    except Exception as e:  # pragma: no cover - reported to the parent
+        report.update(raised=type(e).__name__, message=str(e)[:500])
+    report["seconds"] = time.monotonic() - t0
+    Path(out, f"rank{rank}.json").write_text(json.dumps(report))
+    wait_for_reports(out, list(range(1, world)))  # no survivor ends while the other diagnoses
+    os._exit(0)  # the group is broken: skip torch.distributed's teardown
+
+
+def wait_for_reports(out: str, ranks: list[int], seconds: float = 30.0) -> None:
+    """Until every rank of ``ranks`` wrote its report (bounded): a survivor that ended (closing rank 0's store,
+    or exiting) while another still diagnoses would be named by it, rightly, as gone."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not all(Path(out, f"rank{r}.json").exists() for r in ranks):
+        time.sleep(0.05)
+
+
+def run_stalled_save(root: Path) -> dict[str, Any]:
+    """Spawn :func:`stalled_save` on 3 ranks; returns the survivors' reports and the temporaries left."""
+    import torch.multiprocessing as mp
+
+    ck = str(root / "ck")
+    out = root / "stalled"
+    out.mkdir()
+    world = 3
+    ctx = mp.start_processes(stalled_save, args=(world, launch.free_port(), str(out), ck), nprocs=world,
+                             join=False, start_method="spawn")
+    deadline = time.monotonic() + 90
+    for p in ctx.processes[1:]:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in ctx.processes:
+        if p.is_alive():  # the stopped rank 0: killed now, in the middle of its save
+            p.kill()
+            p.join(10)
+    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(1, world)
+               if (out / f"rank{r}.json").exists()]
+    return {"reports": reports, "left": leftovers(ck), "ck": ck, "world": world, "timeout": STALL_TIMEOUT}

@@ -1,0 +1,88 @@
+"""A push into the sharded buffer keeps the core's promise (issue #47): a bad write raises ``SpecError`` at the
+offending push and changes nothing, on every rank, under every routing; the group holds one spec.
+
+Real gloo groups of 2 and 4 ranks over 127.0.0.1 (the session's spawned runs,
+:func:`tests.distributed.conftest.run_groups`); the scenarios are in :mod:`tests.distributed.promises`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.distributed.conftest import run_groups
+from tests.distributed.promises import ROUTINGS
+
+WORLDS = (2, 4)
+
+
+@pytest.fixture(scope="module")
+def worlds(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
+    return run_groups(tmp_path_factory)["worlds"]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("routing", ROUTINGS)
+@pytest.mark.parametrize("declared", [True, False], ids=["declared", "inferred"])
+def test_a_bad_push_raises_spec_error_at_the_push_and_changes_nothing(worlds, world, routing, declared):
+    ranks = worlds[world]["push_checks"][f"{routing}/{'declared' if declared else 'inferred'}"]
+    expected = {"complex", "missing_field", "leading_dims", "list", "empty"} | ({"nan_finite"} if declared else set())
+    for r, res in enumerate(ranks):
+        assert "error" not in res, res
+        assert set(res["bad"]) == expected
+        assert res["bad"] == {name: "SpecError" for name in expected}, f"rank {r}: {res['bad']}"
+        assert res["counters_unchanged"], f"rank {r}: a refused push was counted"
+    first = ranks[0]
+    assert first["pushed"] == [8] * world  # two good units of 4 rows per rank, nothing else
+    assert sum(first["ingested"]) == 8 * world
+    assert first["refused"] == [0] * world and first["in_flight"] == [0] * world and first["exactly_once"]
+    assert sum(first["shard_rows"]) == 8 * world
+    tids = sorted(t for shard in first["shards"] for t in shard)
+    assert tids == sorted(r * 1000 + i for r in range(world) for i in range(8))  # each good row once
+    if routing == "round_robin":  # a refused push did not move the routing on: unit k of rank r on r + k + 1
+        for s, shard in enumerate(first["shards"]):
+            assert all((t // 1000 + t % 1000 // 4 + 1) % world == s for t in shard), (s, shard)
+    if routing == "proportional":  # equal shares: every rank's first unit on shard 0, its second on shard 1
+        for s, shard in enumerate(first["shards"]):
+            assert all(t % 1000 // 4 == s for t in shard), (s, shard)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_ranks_whose_first_units_disagree_get_one_spec_and_an_error_at_the_push(worlds, world):
+    """Rank 0's first unit has 5 columns where the others' have 3: no spec declared, push never joins a
+    collective. The group takes one layout; a push of the other raises SpecError at that push, and every pull
+    after it is served (not one SpecError per pull, for ever)."""
+    ordered = worlds[world]["diverge"]["ordered"]  # the others pushed first: rank 0's unit is the odd one
+    for r, res in enumerate(ordered):
+        assert "error" not in res, res
+        assert res["first"] == ("SpecError" if r == 0 else "accepted"), (r, res)
+        assert res["pulls"] == ["accepted"] * 3, (r, res)
+        assert res["spec"] == [3]
+    concurrent = worlds[world]["diverge"]["concurrent"]  # everyone at once: whichever layout came first
+    spec = concurrent[0]["spec"]
+    assert spec in ([3], [5])
+    for r, res in enumerate(concurrent):
+        assert "error" not in res, res
+        cols = 5 if r == 0 else 3
+        assert res["first"] == ("accepted" if [cols] == spec else "SpecError"), (r, res)
+        assert res["pulls"] == ["accepted"] * 3, (r, res)
+        assert res["spec"] == spec
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_bad_push_raises_at_the_push_with_an_ingestion_hook_and_on_policy(worlds, world):
+    """Round-robin with a hook: what a push checks is the hook's input (the hook runs where the unit lands).
+    On-policy: units stay on their rank, checked against the group's one spec."""
+    for case in ("hooked_round_robin", "on_policy"):
+        ranks = worlds[world]["push_checks_more"][case]
+        for r, res in enumerate(ranks):
+            assert "error" not in res, (case, res)
+            assert set(res["bad"].values()) == {"SpecError"}, (case, r, res["bad"])
+            assert res["counters_unchanged"], (case, r)
+        if case == "on_policy":
+            got = sorted(t for res in ranks for t in res["rows"])
+            assert got == sorted(r * 1000 + i for r in range(world) for i in range(8))
+        else:
+            first = ranks[0]
+            assert first["pushed"] == first["ingested"] == 8 * world and first["refused"] == 0

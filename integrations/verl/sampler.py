@@ -3,18 +3,41 @@
 What: a ``ReplayBufferAsync`` subclass for ``trainer.v1.sampler.custom_sampler``
 (``path=pkg://conduit.integrations.verl.sampler``, ``name=ConduitAdmissionBuffer``).
 ``sample`` polls TransferQueue's prompt tags (every ``poll_interval`` seconds,
-not verl's fixed 2 s), hands the finished groups to an
-:class:`~.admission.AdmissionController`, evicts the stale ones (verl's own
-``_clear_groups``) and refills them and any quota deficit through verl's
-``refill_fn``, and returns as soon as a feasible unit of whole groups is there.
+not verl's fixed 2 s) and maps verl's state onto an
+:class:`~.admission.AdmissionController`, which holds the rules; this module
+only reads TransferQueue and acts on the decisions.
+
+What verl's trainer does with ``sample``: ``PPOTrainer.step`` calls
+``_step_once`` ``parameter_sync_step`` times, each sampling
+``train_batch_size / parameter_sync_step`` prompts and running the whole PPO
+pipeline (old log-prob, advantage, update) on exactly what ``sample`` returned.
+It cannot consume part of a step: whatever ``sample`` leaves out is trained at a
+later step, by a newer policy. So:
+
+- **sync** (``trainer_mode="sync"``, ``parameter_sync_step=1``): the sampler is
+  verl's own ``ReplayBuffer``: it waits until the step's ``batch_size`` groups
+  are terminal and returns them all, at that step, the oldest first; no
+  staleness (verl: on-policy), no eviction or refill (verl's sync trainer
+  fetches prompts a train batch at a time, and pads a failed group downstream).
+  There is no early mini-batch in sync mode: that would be off-policy.
+- **async** (``colocate_async``, ``separate_async``): verl itself samples each
+  of a step's ``parameter_sync_step`` mini-batches as soon as it is there; the
+  sampler returns exactly ``batch_size`` groups per call, as soon as that many
+  whole (exactly ``group_size`` trajectories), fresh (verl's span rule with
+  ``max_off_policy_strategy`` ``drop``; ``wait`` holds sampling while an
+  in-flight group reached the bound and evicts nothing), quota-feasible groups
+  are finished, in whole admission units (divisible by dp and the PPO
+  mini-batch: verl never pads them). Stale, failed and short groups are evicted
+  (verl's ``_clear_groups``) and refilled one for one through verl's
+  ``refill_fn``, plus any per-source quota deficit. verl's own
+  ``wait_for_sampleable`` / ``get_sampleable_count`` see the same rules.
+
+Every uid is handed over at most once (the controller refuses a second offer).
 
 ``sampler_kwargs``: ``group_size`` (rollout.n), ``dp_size``, ``mini_batch_groups``
 (ppo_mini_batch_size), ``batch_groups`` (train_batch_size), optional ``quotas``
-(data source -> groups; the trajectory tag ``data_source`` names a group's
-source), ``poll_interval`` and ``timeout_s``.
-
-Why: the first mini-batch starts when its groups are done, not when the
-slowest group of the whole train batch is.
+(data source -> groups, async only; the trajectory tag ``data_source`` names a
+group's source), ``poll_interval`` and ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -26,13 +49,13 @@ from typing import Any
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
-from .admission import ANY, AdmissionConfig, AdmissionController, GroupInfo
+from .admission import ANY, Admission, AdmissionConfig, AdmissionController, GroupInfo
 
 __all__ = ["ConduitAdmissionBuffer"]
 
 
 class ConduitAdmissionBuffer(ReplayBufferAsync):
-    """verl's replay buffer with Conduit's constraint-preserving admission."""
+    """verl's replay buffer with Conduit's constraint-preserving admission (verl's rules kept, see the module)."""
 
     def __init__(
         self,
@@ -63,51 +86,86 @@ class ConduitAdmissionBuffer(ReplayBufferAsync):
                 batch_groups=int(kw["batch_groups"]),
                 max_staleness=max_off_policy_threshold,
                 quotas=dict(kw["quotas"]) if kw.get("quotas") else None,
+                strategy=max_off_policy_strategy,
+                on_policy=trainer_mode == "sync",  # verl's own choice of ReplayBuffer over ReplayBufferAsync
             )
         )
         self.admitted_step: int | None = None
 
-    def group_source(self, partition_id: str, uid: str) -> str:
+    def terminal_groups(self, partition_id: str, global_steps: int) -> list[GroupInfo]:
+        """verl's terminal (finished or failed) prompt groups, with their trajectory counts and sources."""
+        rows: Counter[str] = Counter()
+        source: dict[str, str] = {}
         for key, tag in self.partitions[partition_id].items():
-            if key.split("_")[0] == uid:
-                return str(tag.get("data_source", ANY))
-        return ANY
+            uid = key.split("_")[0]
+            rows[uid] += 1
+            source.setdefault(uid, str(tag.get("data_source", ANY)))
+        steps = self.prompt_global_steps[partition_id]
+        failed = self.failure_keys[partition_id]
+        return [
+            GroupInfo(u, steps.get(u, global_steps), source.get(u, ANY), rows[u], u in failed)
+            for u in self.finished_keys[partition_id] | failed
+        ]
+
+    def inflight(self, partition_id: str) -> tuple[Counter[str], int | None]:
+        """Groups pending or running (prompt tags name no source), and the oldest step among them."""
+        keys = self.pending_keys[partition_id] | self.running_keys[partition_id]
+        steps = self.prompt_global_steps[partition_id]
+        return Counter({ANY: len(keys)} if keys else {}), min((steps[k] for k in keys), default=None)
+
+    def _terminal_eviction_reasons(self, global_steps: int, partition_id: str) -> tuple[set, set, set, Counter]:
+        """verl's eviction hook (its ``wait_for_sampleable`` / ``get_sampleable_count``) with the controller's rules."""
+        if partition_id == "val" or self.admission.config.on_policy:
+            return set(), set(), set(), Counter()
+        groups = self.terminal_groups(partition_id, global_steps)
+        stale = {g.uid for g in groups if not self.admission.misfit(g) and self.admission.stale(g, global_steps)}
+        return stale, set(), {g.uid for g in groups if self.admission.misfit(g)}, Counter()
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
         if partition_id == "val":
             return super().sample(global_steps, partition_id, batch_size)
-        if self.admission.complete or self.admitted_step is None:
+        if self.admitted_step != global_steps:  # a new step: its quotas start (a step never inherits a partial one)
             self.admission.next_batch()
             self.admitted_step = global_steps
+        on_policy = self.admission.config.on_policy
         deadline = time.monotonic() + self.timeout_s
-        metrics: dict[str, float] = {"conduit/admission_wait_s": 0.0}
         t0 = time.monotonic()
-        evicted = refilled = 0
+        stale = misfit = refilled = blocked = 0
         while True:
             self._sync_metadata_from_transfer_queue()
-            steps = self.prompt_global_steps[partition_id]
-            finished = [
-                GroupInfo(u, steps.get(u, global_steps), self.group_source(partition_id, u))
-                for u in self.finished_keys[partition_id]
-            ]
-            inflight = Counter(ANY for _ in self.pending_keys[partition_id] | self.running_keys[partition_id])
-            units = max(1, batch_size // self.admission.config.unit_groups)
-            decision = self.admission.offer(finished, inflight, global_steps, max_units=units)
-            if decision.stale:
-                self._clear_groups(partition_id, {g.uid for g in decision.stale})
-                evicted += len(decision.stale)
-            refill = len(decision.stale) + sum(decision.deficit.values())
-            if refill and self.refill_fn is not None:
+            inflight, oldest = self.inflight(partition_id)
+            decision: Admission = self.admission.offer(
+                self.terminal_groups(partition_id, global_steps),
+                inflight,
+                global_steps,
+                want=batch_size,
+                oldest_inflight=oldest,
+            )
+            gone = {g.uid for g in (*decision.stale, *decision.misfit)}
+            if gone:
+                self._clear_groups(partition_id, gone)
+                stale += len(decision.stale)
+                misfit += len(decision.misfit)
+            blocked += decision.blocked
+            refill = len(gone) + sum(decision.deficit.values())
+            if refill and self.refill_fn is not None:  # none on-policy: the controller evicts nothing there
                 self.refill_fn(refill)
                 refilled += refill
             if decision.admitted:
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no feasible mini-batch of whole groups within {self.timeout_s}s")
-            time.sleep(self.poll_interval)
-        metrics["conduit/admission_wait_s"] = time.monotonic() - t0
-        metrics["conduit/admitted_groups"] = len(decision.admitted)
-        metrics["conduit/evicted_stale_groups"] = evicted  # over every poll of this call
-        metrics["conduit/refilled_groups"] = refilled
+                raise TimeoutError(f"no {batch_size} admissible whole groups within {self.timeout_s}s")
+            if not gone:  # as verl: after evicting, select on a fresh snapshot at once
+                time.sleep(self.poll_interval)
         uids = [g.uid for g in decision.admitted]
+        if on_policy and not any(g.size for g in decision.admitted):
+            raise RuntimeError("Sync replay buffer selected terminal groups with no materializable trajectories.")
+        metrics: dict[str, float] = {
+            "conduit/admission_wait_s": time.monotonic() - t0,
+            "conduit/admitted_groups": len(uids),
+            "conduit/evicted_stale_groups": stale,  # over every poll of this call
+            "conduit/evicted_misfit_groups": misfit,
+            "conduit/refilled_groups": refilled,
+            "conduit/blocked_polls": blocked,
+        }
         return self._materialize_batch(partition_id, uids, dict(self.partitions[partition_id])), metrics

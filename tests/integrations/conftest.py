@@ -31,3 +31,28 @@ def cartpole_chunks():
 
     yield sample
     runner.stop()
+
+
+@pytest.fixture(scope="module")
+def transfer_queue(ray_session):
+    """verl's TransferQueue (one storage unit) on the shared Ray session, for one module; emptied after each use
+    of :func:`tq_clean`. Skips without verl / TransferQueue."""
+    pytest.importorskip("verl")
+    tq = pytest.importorskip("transfer_queue")
+    tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1, "total_storage_size": 100000}}})
+    yield tq
+    tq.close()
+
+
+@pytest.fixture
+def tq_clean(transfer_queue):
+    """The module's TransferQueue, with nothing left in any partition before and after the test."""
+
+    def wipe() -> None:
+        for partition, items in (transfer_queue.kv_list() or {}).items():
+            if items:
+                transfer_queue.kv_clear(keys=list(items), partition_id=partition)
+
+    wipe()
+    yield transfer_queue
+    wipe()

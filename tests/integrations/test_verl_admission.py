@@ -95,3 +95,137 @@ def test_first_unit_is_admitted_before_the_batch_finishes() -> None:
     ctl = AdmissionController(AdmissionConfig(group_size=4, mini_batch_groups=2, dp_size=2, batch_groups=8))
     d = ctl.offer([GroupInfo("a", 0), GroupInfo("b", 0)], {"*": 6}, version=0)
     assert [g.uid for g in d.admitted] == ["a", "b"] and not ctl.complete
+
+
+# -- verl's rules, at the boundaries (each of these failed before the controller kept them) -------------------------
+
+
+def ctl_for(**kw) -> AdmissionController:
+    base = dict(group_size=4, mini_batch_groups=1, dp_size=1, batch_groups=4)
+    return AdmissionController(AdmissionConfig(**{**base, **kw}))
+
+
+def test_a_uid_is_admitted_once_and_a_repeat_is_refused_not_dropped() -> None:
+    ctl = ctl_for(batch_groups=8)
+    d = ctl.offer([GroupInfo("a", 0), GroupInfo("b", 0)], {"*": 6}, version=0, max_units=2)
+    assert [g.uid for g in d.admitted] == ["a", "b"]
+    with pytest.raises(ValueError, match="already admitted"):  # offered again after it was admitted
+        ctl.offer([GroupInfo("a", 0), GroupInfo("c", 0)], {"*": 5}, version=0)
+    with pytest.raises(ValueError, match="twice in one offer"):  # repeated within one offer
+        ctl.offer([GroupInfo("d", 0), GroupInfo("d", 0)], {"*": 5}, version=0)
+    ctl.next_batch()  # a new step: what was decided stays decided
+    with pytest.raises(ValueError, match="already admitted"):
+        ctl.offer([GroupInfo("b", 0)], {"*": 7}, version=1)
+    assert ctl.total == 0 and [g.uid for g in ctl.offer([GroupInfo("c", 0)], {"*": 7}, version=1).admitted] == ["c"]
+
+
+def test_an_evicted_uid_is_decided_too() -> None:
+    ctl = ctl_for(max_staleness=1)
+    assert [g.uid for g in ctl.offer([GroupInfo("old", 0)], {"*": 4}, version=1).stale] == ["old"]
+    with pytest.raises(ValueError, match="already admitted or evicted"):
+        ctl.offer([GroupInfo("old", 0)], {"*": 4}, version=1)
+
+
+@pytest.mark.parametrize("bound", [1, 2, 3])
+def test_staleness_is_verls_span_at_the_boundary(bound: int) -> None:
+    """verl (ReplayBufferAsync._stale_terminal_keys): stale iff ``step - submitted + 1 > threshold``."""
+    step = 5
+    ctl = ctl_for(max_staleness=bound)
+    for submitted in range(0, step + 1):
+        span = step - submitted + 1
+        assert ctl.stale(GroupInfo(f"g{submitted}", submitted), step) == (span > bound), (submitted, span)
+    # the last fresh step is admitted, one step older is evicted
+    last_fresh, first_stale = step - bound + 1, step - bound
+    d = ctl.offer([GroupInfo("fresh", last_fresh), GroupInfo("stale", first_stale)], {"*": 3}, version=step)
+    assert [g.uid for g in d.stale] == ["stale"] and not d.admitted  # evictions first, as verl
+    assert [g.uid for g in ctl.offer([GroupInfo("fresh", last_fresh)], {"*": 3}, step).admitted] == ["fresh"]
+
+
+def test_wait_strategy_evicts_nothing_and_blocks_while_an_inflight_group_reached_the_bound() -> None:
+    """verl's dropless ``wait``: no staleness eviction; no sampling while an in-flight span >= threshold."""
+    ctl = ctl_for(max_staleness=2, strategy="wait")
+    old = GroupInfo("old", 1)  # span 5 at step 5: far past the bound, kept for training
+    d = ctl.offer([old], {"*": 3}, version=5, oldest_inflight=4)  # in-flight span 2 >= 2: blocked
+    assert d.blocked and not d.stale and not d.admitted
+    d = ctl.offer([old], {"*": 3}, version=5, oldest_inflight=5)  # span 1 < 2: sampling goes on
+    assert not d.blocked and [g.uid for g in d.admitted] == ["old"]
+    with pytest.raises(ValueError, match="strategy"):
+        ctl_for(strategy="evict")
+    with pytest.raises(ValueError, match="max_staleness"):
+        ctl_for(max_staleness=0)
+
+
+def test_only_whole_groups_of_group_size_are_admitted() -> None:
+    ctl = ctl_for(dp_size=2, mini_batch_groups=2, batch_groups=4)  # unit: 2 groups of 4 = 8 rows
+    short, failed = GroupInfo("short", 0, size=3), GroupInfo("failed", 0, size=4, failed=True)
+    d = ctl.offer([short, failed, GroupInfo("a", 0, size=4)], {"*": 2}, version=0)
+    assert {g.uid for g in d.misfit} == {"short", "failed"} and not d.admitted
+    assert d.deficit == {}  # "a", the 2 in flight and the 2 replacements of the evicted cover the batch's 4
+    d = ctl.offer([GroupInfo("a", 0, size=4), GroupInfo("b", 0, size=4)], {"*": 2}, version=0)
+    assert sum(g.size for g in d.admitted) == 8 and sum(g.size for g in d.admitted) % 2 == 0
+    with pytest.raises(ValueError, match="more than group_size"):
+        ctl.offer([GroupInfo("big", 0, size=5)], {}, version=0)
+
+
+def test_want_is_all_or_nothing_in_whole_units() -> None:
+    ctl = ctl_for(dp_size=2, mini_batch_groups=2, batch_groups=8)  # unit 2 groups
+    three = [GroupInfo(u, 0) for u in "abc"]
+    assert not ctl.offer(three, {"*": 5}, version=0, want=4).admitted and ctl.total == 0
+    d = ctl.offer([*three, GroupInfo("d", 0)], {"*": 4}, version=0, want=4)
+    assert [g.uid for g in d.admitted] == ["a", "b", "c", "d"] and ctl.total == 4
+    with pytest.raises(ValueError, match="whole number of admission units"):
+        ctl.offer([], {"*": 4}, version=0, want=3)
+    with pytest.raises(ValueError, match="whole number of admission units"):
+        ctl.offer([], {"*": 4}, version=0, want=6)  # more than is left of the batch
+
+
+def test_on_policy_hands_over_the_whole_step_as_verls_sync_sampler() -> None:
+    """Sync (verl's ReplayBuffer): no staleness, no eviction, the oldest ``want`` terminal groups or none."""
+    ctl = ctl_for(max_staleness=1, dp_size=2, mini_batch_groups=1, on_policy=True)
+    groups = [GroupInfo("a", 3), GroupInfo("b", 1, size=2, failed=True), GroupInfo("c", 3)]
+    d = ctl.offer(groups, {"*": 1}, version=3, want=4)  # 3 of the step's 4: nothing yet, no early mini-batch
+    assert not d.admitted and not d.stale and not d.misfit and not d.deficit
+    d = ctl.offer([*groups, GroupInfo("d", 3)], {}, version=3, want=4)
+    assert [g.uid for g in d.admitted] == ["b", "a", "c", "d"]  # verl delivers a failed group in sync (pads it)
+    with pytest.raises(ValueError, match="quotas"):
+        ctl_for(on_policy=True, quotas={"x": 4})
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31), st.sampled_from([None, 1, 2, 3]), st.sampled_from(["drop", "wait"]))
+def test_every_uid_is_decided_at_most_once_over_steps(seed: int, bound, strategy: str) -> None:
+    """Random steps of async sampling (mini-batch calls per step, refills, failures): each uid once, whole, fresh."""
+    rng = random.Random(seed)
+    n, dp, mini, batch = 2, 2, 1, 4
+    ctl = AdmissionController(AdmissionConfig(n, mini, dp, batch, max_staleness=bound, strategy=strategy))
+    serial, inflight, finished, seen = 0, [], [], set()
+
+    def launch(step: int) -> None:
+        nonlocal serial
+        serial += 1
+        inflight.append(GroupInfo(f"g{serial}", step, size=n if rng.random() > 0.1 else 1, failed=rng.random() < 0.1))
+
+    for step in range(1, 7):
+        for _ in range(batch):
+            launch(step)
+        for _call in range(2):  # parameter_sync_step = 2: two samples of 2 groups
+            for _ in range(200):
+                if inflight and rng.random() < 0.7:
+                    finished.append(inflight.pop(rng.randrange(len(inflight))))
+                oldest = min((g.version for g in inflight), default=None)
+                d = ctl.offer(finished, {"*": len(inflight)}, step, want=2, oldest_inflight=oldest)
+                for g in d.admitted:
+                    assert g.uid not in seen and g.size == n and not g.failed
+                    assert strategy == "wait" or bound is None or step - g.version + 1 <= bound
+                seen |= {g.uid for g in (*d.admitted, *d.stale, *d.misfit)}
+                finished = [g for g in finished if g.uid not in seen]
+                for _ in range(len(d.stale) + len(d.misfit) + sum(d.deficit.values())):
+                    launch(step)
+                if d.admitted:
+                    assert len(d.admitted) == 2
+                    break
+            else:
+                raise AssertionError("starved")
+        assert ctl.total == batch
+        if step < 6:
+            ctl.next_batch()

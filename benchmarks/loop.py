@@ -13,7 +13,7 @@ actor/learner loop (:func:`conduit.scheduling.workload.run_loop`) in interleaved
   extra copy of every inserted unit and every sampled batch (the serialize /
   deserialize hop of a buffer server). A lower bound: real Reverb adds gRPC
   and protobuf time on top (30-50 ms per sample on this class of machine,
-  DESIGN.md §7);
+  docs/design.md §7);
 - **GEAR-style** — inline ``g=1`` on pinned host memory (needs CUDA);
 - **inline, Conduit's batch memory** — the inline schedule with Conduit's
   default batch memory (dropped batches recycled; on-policy, the store laid

@@ -3,7 +3,7 @@
 ``python -m benchmarks.srl_buffer [--repeats 7] [--json out.json] [--size small]``; with ``CONDUIT_SRL_SRC``
 pointing at an SRL checkout (``openpsi-projects/srl`` or the monorepo) SRL's *own* classes
 are timed (its buffer layer needs ``prometheus_client``); without it, a reimplementation
-of their behaviour written from the research notes (§1.3–1.4), and the report says which.
+of their behaviour written from SRL's documented protocol (docs/srl.md), and the report says which.
 
 Two SRL paths, same samples (``T`` time steps, nested as SRL's actors post them: an ``obs``
 record holding the observation vector, an ``action`` record, ``analyzed_result`` with a
@@ -60,7 +60,7 @@ T, B, OBS, CAPACITY = 8, 256, 512, 4096
 SMALL = (4, 8, 16, 64)
 
 
-# -- SRL: its own classes, or a reimplementation from the research notes -----------------------------------
+# -- SRL: its own classes, or a reimplementation from SRL's documented protocol -----------------------------------
 def srl_classes() -> tuple[Any, Any, Any, str]:
     """(replay buffer class, queue class, NamedArray class, label): SRL's own when ``CONDUIT_SRL_SRC`` is set."""
     src = os.environ.get("CONDUIT_SRL_SRC")
@@ -72,7 +72,7 @@ def srl_classes() -> tuple[Any, Any, Any, str]:
         buf = srl.find()
         na = importlib.import_module(buf.__name__.rpartition(".")[0] + ".namedarray")
         return buf.SimpleReplayBuffer, buf.PriorityQueueBuffer, na.NamedArray, f"SRL's own classes ({buf.__name__})"
-    return NotesReplay, NotesQueue, srl.NamedArray, "a reimplementation from the research notes (no SRL checkout)"
+    return NotesReplay, NotesQueue, srl.NamedArray, "a reimplementation from SRL's documented protocol (no SRL checkout)"
 
 
 class NotesReplay:

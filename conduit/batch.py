@@ -3,7 +3,7 @@
 :class:`Batch` is a read-only mapping ``field -> tensor`` (so ``batch["obs"]``
 works wherever a dict of tensors does) plus :class:`BatchInfo`, which records
 where the rows came from and how they were delivered. The semantics tests of
-DESIGN.md §2 are written against these fields.
+docs/design.md §2 are written against these fields.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 This module imports nothing of Conduit, so the runtime, the configuration, the
 checkpoints and the planner above them all speak the same records.
 
-Schedules (DESIGN.md §4, the paper's §4.3 and Fig. 10) have two knobs per operator:
+Schedules (docs/design.md §4, the paper's §4.3 and Fig. 10) have two knobs per operator:
 *timing* (``overlap``: run inline at push/pull, or on the worker overlapped with
 rollout/update) and *granularity* ``g`` (how many rollout units / training batches one
 invocation handles; a fraction pipelines one on-policy iteration mini-batch by

@@ -63,7 +63,7 @@ class PlacementError(ConduitError, ValueError):
 
 
 class SemanticsError(ConduitError, RuntimeError):
-    """A call would break one of the semantics Conduit guarantees (DESIGN.md §2)."""
+    """A call would break one of the semantics Conduit guarantees (docs/design.md §2)."""
 
 
 class ConduitTimeout(ConduitError, TimeoutError):

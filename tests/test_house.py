@@ -193,3 +193,25 @@ def test_measured_figures_live_in_benchmarks_md_not_in_the_code():
             if FIGURE.search(text):
                 found.append(f"{path.relative_to(ROOT)}:{i}: {text.strip()}")
     assert len(found) < 15, "\n".join(found)
+
+
+#: a citation of a design document outside the repository (the project carries its own: docs/design.md)
+OUTSIDE = re.compile(r"(?<!docs/)\bDESIGN\.md|research notes|\.\./shared\b|srl_gear_reverb\.md")
+DESIGN = ROOT / "docs" / "design.md"
+
+
+def test_the_code_cites_the_projects_own_design_page_and_its_sections_exist():
+    """Code, scripts and tests cite ``docs/design.md §N``, never a document the repository does not carry,
+    and every section cited is a heading of that page."""
+    sections = set(re.findall(r"^## (\d+)\.", DESIGN.read_text(), flags=re.M))
+    outside, missing = [], []
+    for folder in ("conduit", "integrations", "cli", "benchmarks", "scripts", "examples", "tests"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == Path(__file__):
+                continue
+            text = path.read_text()
+            outside += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in OUTSIDE.finditer(text)]
+            missing += [f"{path.relative_to(ROOT)}: §{n}" for n in re.findall(r"docs/design\.md §(\d+)", text)
+                        if n not in sections]
+    assert not outside, f"citations of documents outside the repository: {outside}"
+    assert not missing, f"sections of docs/design.md that do not exist: {missing}"

@@ -1,4 +1,4 @@
-"""Property tests of DESIGN.md §2 under random push/pull sequences and schedules.
+"""Property tests of docs/design.md §2 under random push/pull sequences and schedules.
 
 1. Training-data integrity: every pushed transition is ingested exactly once;
    every delivered row is a row that was in the buffer when sampled.

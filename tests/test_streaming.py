@@ -199,7 +199,7 @@ def test_rows_written_by_streaming_copies_are_whole_when_learners_sample_them(
 
 @pytest.mark.skipif(not streaming.AVAILABLE, reason="no streaming copies here: conduit._native not built, or not x86-64")
 def test_section_2_holds_with_every_ring_write_streamed(monkeypatch: pytest.MonkeyPatch, counted: list[int]) -> None:
-    """DESIGN.md §2 off-policy, under random pushes, pulls and schedules, with every write streamed.
+    """docs/design.md §2 off-policy, under random pushes, pulls and schedules, with every write streamed.
 
     The property test of ``test_semantics`` with the threshold at one byte: its rows are a few bytes each, so
     every copy is all unaligned ends and short bodies, inline and on the ingestion worker.

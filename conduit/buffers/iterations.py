@@ -59,7 +59,7 @@ class IterationBuffer(ExperienceBuffer):
     order, and each of that epoch's mini-batches but the last becomes deliverable
     as soon as its rows are in (:attr:`Iteration.early`): the learner's first
     update starts after a fraction of the last unit's write instead of all of it
-    — pipelining inside an iteration at mini-batch granularity (DESIGN.md §2.2).
+    — pipelining inside an iteration at mini-batch granularity (docs/design.md §2).
     The mini-batches are the plan's, whichever way the rows were written.
     """
 

@@ -2,7 +2,7 @@
 
 A path runs its operator graph (:mod:`conduit.operators`) either inline, in the
 caller's thread at push or pull, or on the path's worker thread, overlapped with
-the caller's rollout and update (DESIGN.md §5). :class:`DataPath` owns what that
+the caller's rollout and update (docs/design.md §5). :class:`DataPath` owns what that
 takes on both paths — the condition every wait uses, the worker and its loop, the
 locks that keep inline invocations of one lane apart, pausing between invocations
 (checkpoints capture that point) and switching modes while running — and a

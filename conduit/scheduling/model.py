@@ -184,7 +184,7 @@ def coarseness(s: Schedule) -> Fraction:
     A grouped unit waits for the rest of its group before it lands; a grouped
     batch is drawn before the pulls it serves: data up to that many iterations
     older than at ``g = 1``. A fraction of an on-policy iteration (``g < 1``)
-    groups nothing across iterations (DESIGN.md §2).
+    groups nothing across iterations (docs/design.md §2).
     """
     return sum((m.granularity - 1 for m in (s.ingestion, s.delivery) if m.granularity >= 1), Fraction(0))
 

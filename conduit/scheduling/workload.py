@@ -18,7 +18,7 @@ learner or a remote actor would.
 Off-policy, each iteration rolls out one unit, pushes it, pulls one batch and
 updates on it; on-policy, each iteration rolls out ``U`` units, then updates on
 every mini-batch. An iteration's wall time, minus the rollout and update costs
-measured alone, is the exposed experience-path latency (DESIGN.md §4). Making each
+measured alone, is the exposed experience-path latency (docs/design.md §4). Making each
 pushed unit unique (:func:`_stamped`) is the loop's own bookkeeping, neither
 rollout nor experience path, so its time is left out of every iteration's.
 

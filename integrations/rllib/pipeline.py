@@ -13,7 +13,7 @@ one the learner would have produced inline.
 On a GPU learner the worker runs on a dedicated CUDA stream: it first waits for
 the learner's stream (which produced the train batch), and each mini-batch is
 handed over with an event the learner's stream waits on, its tensors recorded
-on that stream so the caching allocator keeps them alive (DESIGN.md §5).
+on that stream so the caching allocator keeps them alive (docs/design.md §5).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How much of an iteration the experience path costs, measured the same way with and without Conduit.
 
-The exposed experience-path latency (DESIGN.md §4) is the time the training
+The exposed experience-path latency (docs/design.md §4) is the time the training
 loop waits on experience handling: for DQN/SAC the replay buffer's ``add``,
 ``sample``, ``get_metrics`` and ``update_priorities`` plus the learner turning
 the sample into a train batch (``_make_batch_if_necessary``: RLlib's learner

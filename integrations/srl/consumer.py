@@ -119,7 +119,7 @@ def find_stream(module: str | ModuleType | None = None) -> ModuleType:
     for name in (module,) if module else STREAM_MODULES:
         try:
             mod = importlib.import_module(name)
-        except Exception as e:  # rlsrl's api.config does not import on Python >= 3.11 (see the research notes)
+        except Exception as e:  # rlsrl's api.config does not import on Python >= 3.11 (a known incompatibility of SRL's config module)
             reasons.append(f"{name}: {type(e).__name__}: {e}")
             continue
         if hasattr(mod, "make_consumer") and hasattr(mod, "SampleConsumer"):

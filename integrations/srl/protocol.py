@@ -2,7 +2,7 @@
 
 SRL (``openpsi-projects/srl``, package ``rlsrl``; ``openpsi-project/srl``, the monorepo) is
 not on PyPI, so the adapter must work, and be tested, without it. These classes are
-written from SRL's documented protocol (Conduit's research notes, §1.3–1.5), not
+written from SRL's documented protocol (docs/srl.md: what a buffer must do for SRL's trainer worker), not
 from its code, and are structurally identical where SRL's trainer reads them:
 
 - :class:`ReplayEntry`: what ``Buffer.get()`` returns — ``reuses_left``,

@@ -1,6 +1,6 @@
 """``conduit_queue``: SRL's default buffer (``priority_queue``, on-policy batches with reuse), thread-safe.
 
-SRL's semantics, kept exactly (research notes §1.3, §4.2):
+SRL's semantics, kept exactly (docs/srl.md, Guarantees):
 
 - ``put`` collects samples and, every ``batch_size`` of them, stacks them on axis 1
   into one time-major ``[T, B, ...]`` entry with ``reuses_left = reuses`` and

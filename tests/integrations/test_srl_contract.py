@@ -1,6 +1,6 @@
 """Contract tests of the SRL adapter against SRL's documented buffer protocol (no SRL source needed).
 
-Written from the research notes (``srl_gear_reverb.md`` §1.3–1.5, §4.2), not from SRL's code:
+Written from SRL's documented buffer protocol (docs/srl.md), not from SRL's code:
 entry fields, axis-1 (time-major ``[T, B, ...]``) batching, the reuse queue's order
 (``reuses``, ``reuses_left``, drops), PER feedback through the ``isinstance`` gate,
 the staleness filter, two threads (``consume_to`` on one, ``empty``/``get`` on the

@@ -3,7 +3,7 @@
 ``CONDUIT_SRL_SRC`` is the root of a clone of ``openpsi-projects/srl`` (package ``rlsrl``
 under ``src/``) or of the monorepo ``openpsi-project/srl`` (``base/`` at its root). SRL is
 not on PyPI and its source is never committed here, so CI skips this module. What runs
-(research notes §1.6, Python 3.11 with a CPU build of torch): SRL's buffer layer
+(docs/srl.md, the opt-in test; Python 3.11 with a CPU build of torch): SRL's buffer layer
 (``base.buffer``, ``base.namedarray``, ``base.segment_tree``; it needs
 ``prometheus_client``); SRL's replay buffers pin their storage, which a CPU build of
 torch refuses, so ``Tensor.pin_memory`` is the identity here where CUDA is absent; SRL's
@@ -132,7 +132,7 @@ def test_srls_segment_tree_per_and_conduits_sample_the_same_distribution(srl_buf
 
 @pytest.fixture(scope="module")
 def sample_stream(srl_buffer):
-    """SRL's stream API, imported with the Python-3.11 shim of the research notes (test-only)."""
+    """SRL's stream API, imported with a Python-3.11 shim (test-only)."""
     package = srl_buffer.__name__.split(".")[0]
     if package != "rlsrl":
         pytest.skip("the sample-stream registry is rlsrl's (the monorepo's make_consumer is an if/elif chain)")

@@ -1,4 +1,4 @@
-"""An SRL-protocol stub, written from the research notes (§1.3–1.5), never from SRL's code.
+"""An SRL-protocol stub, written from SRL's documented buffer protocol (docs/srl.md), never from SRL's code.
 
 CI cannot fetch SRL and SRL's code must not be committed, so the contract tests run the
 adapter against this module as if it were SRL's buffer module (``rlsrl.base.buffer``):

@@ -34,7 +34,7 @@ K = PlacementKind
 
 # -- an independent reference for the model and Alg. 1 ------------------------------------
 def reference_time(topo: Topology, p: Placement, actors: Sequence[str], learners: Sequence[str], x: int) -> float:
-    """Expected seconds per sample, written out directly from DESIGN.md §3."""
+    """Expected seconds per sample, written out directly from docs/design.md §3."""
     total = 0.0
     for dev, share in zip(p.devices, p.shares, strict=True):
         write = sum(x / topo.bandwidth(a, dev) for a in actors) / len(actors)

@@ -19,7 +19,7 @@ makes ``conduit bench ...`` find it, and ``python -m benchmarks ...`` runs the s
 - :mod:`~benchmarks.timing` — interleaved repeats, medians.
 - :mod:`~benchmarks.plot` — figures (matplotlib, from the ``bench`` extra).
 
-Peers are optional (``pip install 'conduit-edp[bench]'``) and imported only
+Peers are optional (``pip install ".[bench]"`` in a clone of Conduit) and imported only
 when a benchmark asks for them; one that is missing is reported, not dropped.
 ``import conduit`` never imports this package.
 """

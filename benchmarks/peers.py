@@ -41,7 +41,7 @@ __all__ = [
     "load_peer",
 ]
 
-INSTALL_HINT = "pip install 'conduit-edp[bench]'"
+INSTALL_HINT = 'pip install ".[bench]" (in a clone of Conduit)'
 
 
 class Op(str, Enum):

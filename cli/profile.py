@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from click.core import ParameterSource
 from conduit.cli.errors import user_errors
 from conduit.cli.profile_options import PolicyChoice, ProfileOptions
 from conduit.cli.profile_report import print_machine, print_profile
@@ -104,8 +103,9 @@ def profile(
     ),
     check: bool = typer.Option(True, help="Measure the chosen plan against the inline baseline."),
     budget: float = typer.Option(
-        90.0, min=5.0, help="Seconds the profile may take: no run starts that it cannot afford (Python and torch "
-        "start-up, about a second, come on top)."
+        90.0, min=5.0, help="Seconds the profile may take: no run starts that the runs so far say will not fit, "
+        "so it ends within the budget unless the host slows down mid-run (then by about one run past it; "
+        "Python and torch start-up, about a second, come on top)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Write machine-readable JSON to stdout instead of tables."),
 ) -> None:
@@ -118,7 +118,8 @@ def profile(
         units_per_iteration=units_per_iteration, minibatches=minibatches, epochs=epochs,
         rollout_ms=rollout_ms, update_ms=update_ms, cost=cost, g_max=g_max,
     )
-    explicit = {k for k in flags if ctx.get_parameter_source(k) is ParameterSource.COMMANDLINE}
+    # click's ParameterSource, read by name: click comes with typer and is not a dependency of ours
+    explicit = {k for k in flags if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"}
     with user_errors():
         options = ProfileOptions.build(flags, explicit, config)
     workloads = options.workloads()

@@ -67,7 +67,12 @@ class ProfileOptions(BaseModel):
         if config is not None:
             where = f"--config file {str(config)!r}"
             from_file = read_mapping(config, "--config file")
+            cls._checked({**values, **from_file}, where)  # every key of the file, also one a flag overrides
             values.update({k: v for k, v in from_file.items() if k not in explicit})
+        return cls._checked(values, where)
+
+    @classmethod
+    def _checked(cls, values: dict[str, Any], where: str) -> ProfileOptions:
         from conduit.config import explain
 
         try:

@@ -362,6 +362,11 @@ class ExperienceSpec:
 
 def as_tensors(data: Data) -> dict[str, torch.Tensor]:
     """Convert a mapping of arrays/tensors to tensors without copying."""
+    if not isinstance(data, Mapping):
+        raise SpecError(
+            f"a write must be a mapping of field -> array or tensor with a leading batch dimension, got "
+            f"{type(data).__name__} (e.g. push({{'obs': obs, 'reward': reward}}))"
+        )
     out: dict[str, torch.Tensor] = {}
     for k, v in data.items():
         if isinstance(v, torch.Tensor):

@@ -6,7 +6,7 @@ the transitions in columnar storage, draws the batches and hands the learner rea
 tensors. Prints iteration time and the share of it the experience path costs.
 
 Run: ``python examples/rllib_dqn_cartpole.py [--iterations N] [--no-conduit] [--compare]``
-(needs ``pip install 'conduit-edp[rllib]'``).
+(needs ``pip install ".[rllib]"`` in a clone of Conduit).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ By default both run, one after the other, and a side-by-side table of iteration
 time and exposed experience-path latency is printed.
 
 Run: ``python examples/rllib_large_obs.py [--iterations N] [--no-conduit] [--obs-dim D]``
-(needs ``pip install 'conduit-edp[rllib]'``).
+(needs ``pip install ".[rllib]"`` in a clone of Conduit).
 """
 
 from __future__ import annotations

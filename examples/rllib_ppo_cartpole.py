@@ -8,7 +8,7 @@ the share of it the experience path (learner connector + waiting for mini-batche
 costs.
 
 Run: ``python examples/rllib_ppo_cartpole.py [--iterations N] [--no-conduit] [--compare]``
-(needs ``pip install 'conduit-edp[rllib]'``).
+(needs ``pip install ".[rllib]"`` in a clone of Conduit).
 """
 
 from __future__ import annotations

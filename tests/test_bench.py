@@ -148,7 +148,7 @@ def test_one_transition_chunks_are_timed_on_a_ring_filled_in_bulk() -> None:
 def test_a_missing_peer_is_reported_with_the_reason(ghost_peers: None) -> None:
     result = run_micro(MicroSettings(**{**TINY.__dict__, "peers": ("torch", "absent", "broken")}))
     missing = {m.name: m for m in result.dims[0].missing}
-    assert "not installed" in missing["absent"].reason and "conduit-edp[bench]" in missing["absent"].reason
+    assert "not installed" in missing["absent"].reason and '".[bench]" (in a clone of Conduit)' in missing["absent"].reason
     assert "no accelerator" in missing["broken"].reason
     text = "".join(to_markdown(t) for t in micro_tables(result))
     assert "missing: absent" in text and "missing: broken" in text
@@ -351,7 +351,7 @@ def test_plot_without_matplotlib_fails_clearly(monkeypatch: pytest.MonkeyPatch, 
     from benchmarks.plot import MissingExtra, require_matplotlib
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(MissingExtra, match=r"conduit-edp\[bench\]"):
+    with pytest.raises(MissingExtra, match=r"\.\[bench\]\" \(in a clone"):
         require_matplotlib()
     result = CliRunner().invoke(app, ["bench", "micro", "--plot", str(tmp_path / "x.png")])
     assert result.exit_code != 0 and "matplotlib" in result.output

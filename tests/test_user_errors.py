@@ -173,3 +173,15 @@ def test_a_path_given_to_from_checkpoint_that_is_a_file_is_told_so(tmp_path: Pat
         conduit.Conduit.from_checkpoint(path)
     text = str(err.value)
     assert str(path) in text and "is a file" in text and "directory" in text
+
+
+@pytest.mark.parametrize("bad", [[1, 2, 3], 5, "obs"])
+def test_a_push_that_is_not_a_mapping_is_told_what_a_write_is(bad):
+    """The first push infers the spec: a list there was an AttributeError from deep inside spec.py."""
+    edp = conduit.Conduit(policy="off_policy", train_batch_size=4, capacity=64)
+    try:
+        with pytest.raises(conduit.errors.SpecError, match=r"a write must be a mapping of field -> array or tensor"):
+            edp.push(bad)
+        assert edp.stats().pushed_rows == 0
+    finally:
+        edp.close()

@@ -38,6 +38,7 @@ from conduit.executor import StreamOrder
 from conduit.memory import DirectSampleMemory
 from conduit.ratelimit import RateLimiter
 from conduit.samplers.base import Draw, Sampler
+from conduit.samplers.prioritized import checked_priorities
 from conduit.slots import FifoRemover, Remover, SlotTable
 from conduit.spec import Data, ExperienceSpec, SpecHolder, rows_of
 from conduit.storage.base import Storage
@@ -360,21 +361,7 @@ class ReplayBuffer(ExperienceBuffer):
         """Apply priorities where the slot still holds the sampled transition; returns how many applied."""
         if not self.sampler.has_priorities:
             raise SemanticsError("update_priorities needs off-policy replay with sampler='prioritized'")
-        indices = np.asarray(indices, dtype=np.int64)
-        ids = np.asarray(ids, dtype=np.int64)
-        pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
-        if not (len(indices) == len(ids) == len(pr)):
-            raise ValueError(
-                f"update_priorities: {len(indices)} indices, {len(ids)} ids and {len(pr)} priorities must match"
-            )
-        if not np.all(np.isfinite(pr)):
-            raise ValueError("update_priorities: priorities must be finite")
-        if np.any(pr < 0):
-            at = int(np.flatnonzero(pr < 0)[0])
-            raise ValueError(
-                f"update_priorities: priorities must be >= 0, got {float(pr[at])!r} at position {at}; "
-                "pass the TD errors' magnitudes (e.g. td_error.abs())"
-            )
+        indices, ids, pr = checked_priorities(indices, ids, priorities)
         with self.lock:
             live = self.table.ids[indices] == ids
             if np.any(live):

@@ -21,7 +21,7 @@ from conduit.samplers.base import Draw, Sampler, _require
 from conduit.samplers.sumtree import SumTree
 from conduit.slots import SlotTable
 
-__all__ = ["PrioritizedSampler"]
+__all__ = ["PrioritizedSampler", "checked_priorities"]
 
 
 class PrioritizedSampler(Sampler):
@@ -120,3 +120,24 @@ class PrioritizedSampler(Sampler):
         super().load_state_dict(state)
         self.tree.load(np.asarray(state["leaves"], dtype=np.float64))
         self.max_priority = float(state["max_priority"])
+
+
+def checked_priorities(indices: Any, ids: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A priority update's three arrays as int64 / int64 / float64, refused with the reason where they disagree
+    in length or a priority is not finite or negative."""
+    indices = np.asarray(indices, dtype=np.int64)
+    ids = np.asarray(ids, dtype=np.int64)
+    pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
+    if not (len(indices) == len(ids) == len(pr)):
+        raise ValueError(
+            f"update_priorities: {len(indices)} indices, {len(ids)} ids and {len(pr)} priorities must match"
+        )
+    if not np.all(np.isfinite(pr)):
+        raise ValueError("update_priorities: priorities must be finite")
+    if np.any(pr < 0):
+        at = int(np.flatnonzero(pr < 0)[0])
+        raise ValueError(
+            f"update_priorities: priorities must be >= 0, got {float(pr[at])!r} at position {at}; "
+            "pass the TD errors' magnitudes (e.g. td_error.abs())"
+        )
+    return indices, ids, pr

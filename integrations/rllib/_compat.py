@@ -25,7 +25,7 @@ try:
     import ray.rllib
 except ImportError as exc:  # pragma: no cover - exercised only without ray
     raise ImportError(
-        "conduit.integrations.rllib needs RLlib: pip install 'conduit-edp[rllib]' "
+        'conduit.integrations.rllib needs RLlib: pip install ".[rllib]" (in a clone of Conduit) '
         f"(ray[rllib]>={TESTED_RAY_RANGE[0]},<{TESTED_RAY_RANGE[1]})"
     ) from exc
 

@@ -67,7 +67,7 @@ def find(module: str | ModuleType | None = None) -> ModuleType:
     raise ImportError(
         "SRL's buffer layer was not found (" + "; ".join(reasons) + "). SRL is not on PyPI: clone "
         "openpsi-projects/srl and `pip install -e .` (package rlsrl), or put the monorepo's root on sys.path; "
-        "then `pip install 'conduit-edp[srl]'` for the buffer layer's own dependencies"
+        "then `pip install '.[srl]'` in a clone of Conduit for the buffer layer's own dependencies"
     )
 
 

@@ -2,10 +2,10 @@
 
 ::
 
-    pip install "conduit-edp[verl]"
+    pip install ".[verl]"                                                              # from a clone
     python -m verl.trainer.main_ppo trainer.v1.trainer_mode=conduit_sync ...          # V1 (TransferQueue)
     python -m verl.trainer.main_ppo trainer.v1.trainer_mode=conduit_separate_async ...
-    # admission control (V1): trainer.v1.sampler.custom_sampler.path=pkg://conduit.integrations.verl.admission
+    # admission control (V1): trainer.v1.sampler.custom_sampler.path=pkg://conduit.integrations.verl.sampler
     #                         trainer.v1.sampler.custom_sampler.name=ConduitAdmissionBuffer
 
 The ``verl.plugins`` entry point (:mod:`.plugin`) registers the trainers in every

@@ -54,7 +54,7 @@ def check_versions(require_transfer_queue: bool = True) -> dict[str, str | None]
     if problems:
         msg = (
             "; ".join(problems)
-            + '. Install the tested range with `pip install "conduit-edp[verl]"`, or set '
+            + '. Install the tested range with `pip install ".[verl]" (in a clone of Conduit)`, or set '
             + f"{ALLOW_ENV}=1 to run on this version at your own risk."
         )
         if os.getenv(ALLOW_ENV, "0") == "1" and all("not installed" not in p for p in problems):

@@ -18,7 +18,7 @@ def test_version_gate_names_what_is_installed_and_what_was_tested(monkeypatch) -
 
     assert compat.check_versions()["verl"] == "0.9.1"
     monkeypatch.setitem(compat.TESTED, "verl", ("0.0.1",))
-    with pytest.raises(compat.UntestedVersion, match=r"verl 0\.9\.1 is installed.*0\.0\.1.*conduit-edp\[verl\]"):
+    with pytest.raises(compat.UntestedVersion, match=r"verl 0\.9\.1 is installed.*0\.0\.1.*\.\[verl\]"):
         compat.check_versions()
     monkeypatch.setenv(compat.ALLOW_ENV, "1")
     with pytest.warns(RuntimeWarning):

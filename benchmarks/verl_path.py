@@ -1,6 +1,8 @@
-"""verl experience path with and without Conduit, on simulated stage latencies (CPU).
+"""A model of verl's experience path with and without Conduit: simulated stage latencies, no trainer (CPU).
 
-What it measures:
+Not a trainer run: it calls the ingestion functions Conduit's trainers are built
+on, with sleeps for the worker stages. verl's own trainers against Conduit's, on
+toy workers, are ``python -m benchmarks.verl_trainers``. What it measures:
 
 1. Exposed experience-path latency per iteration (post-generation stages up to
    the advantage): verl's serial order vs the Conduit-scheduled graph. The stages
@@ -9,9 +11,7 @@ What it measures:
    reward model, old and reference log-prob, each on its own pool) sleep their
    simulated latency. Median [min-max] over ``--repeats`` iterations, after one
    warm-up iteration that profiles the stage costs.
-2. Bytes moved for a multimodal-shaped batch (``pixel_values`` repeated ``n`` times
-   per GRPO group) with and without Conduit's content-hash dedup.
-3. Time to the first mini-batch with whole-train-batch admission (verl's) vs
+2. Time to the first mini-batch with whole-train-batch admission (verl's) vs
    Conduit's constraint-preserving admission, over simulated long-tailed
    generation finish times (lognormal), median over seeds.
 
@@ -30,7 +30,6 @@ import uuid
 import numpy as np
 import torch
 from conduit.integrations.verl.admission import AdmissionConfig, AdmissionController, GroupInfo
-from conduit.integrations.verl.delivery import MultimodalDedup
 from conduit.integrations.verl.ingest import AdvantageSpec, StageFns, run_conduit, run_serial
 from conduit.integrations.verl.stages import StageProfile, StageRunner
 from omegaconf import OmegaConf
@@ -114,32 +113,6 @@ def bench_exposed(args: argparse.Namespace) -> dict:
     }
 
 
-def bench_dedup(n: int = 8, prompts: int = 16, patches: int = 256, dim: int = 1176) -> dict:
-    g = torch.Generator().manual_seed(0)
-    rows = []
-    for _ in range(prompts):
-        img = {
-            "pixel_values": torch.randn(patches, dim, generator=g).to(torch.bfloat16),
-            "image_grid_thw": torch.tensor([[1, 16, 16]]),
-        }
-        rows += [dict(img) for _ in range(n)]
-    dedup = MultimodalDedup()
-    t0 = time.perf_counter()
-    packed = dedup.pack(rows)
-    pack_s = time.perf_counter() - t0
-    back = dedup.unpack(packed)
-    assert all(torch.equal(a["pixel_values"], b["pixel_values"]) for a, b in zip(rows, back))
-    raw = MultimodalDedup.raw_bytes(rows)
-    return {
-        "group_size": n,
-        "prompts": prompts,
-        "raw_bytes": raw,
-        "dedup_bytes": packed.nbytes(),
-        "ratio": raw / packed.nbytes(),
-        "hash_s": pack_s,
-    }
-
-
 def bench_admission(seeds: int = 7, groups: int = 32, n: int = 8, dp: int = 4, mini: int = 8) -> dict:
     whole, early = [], []
     for seed in range(seeds):
@@ -164,26 +137,24 @@ def bench_admission(seeds: int = 7, groups: int = 32, n: int = 8, dp: int = 4, m
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description="verl experience path: serial vs Conduit (simulated latencies)")
+    ap = argparse.ArgumentParser(
+        description="a model of verl's experience path (simulated latencies, no trainer): serial vs Conduit"
+    )
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--reward-s", type=float, default=0.4, help="colocated reward model stage (own pool)")
     ap.add_argument("--logp-s", type=float, default=0.5, help="old log-prob stage")
     ap.add_argument("--ref-s", type=float, default=0.4, help="reference log-prob stage (own pool)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    out = {"exposed_path": bench_exposed(args), "dedup": bench_dedup(), "first_minibatch": bench_admission()}
+    out = {"exposed_path": bench_exposed(args), "first_minibatch": bench_admission()}
     if args.json:
         print(json.dumps(out, indent=2))
         return
-    e, d, a = out["exposed_path"], out["dedup"], out["first_minibatch"]
+    e, a = out["exposed_path"], out["first_minibatch"]
     fmt = "{median:.3f} s [{min:.3f}-{max:.3f}]".format
     print(
         f"exposed path / iteration  serial {fmt(**e['serial_s'])}  conduit {fmt(**e['conduit_s'])}"
         f"  change {e['change']:+.1%}  plan {e['plan']}"
-    )
-    print(
-        f"multimodal bytes          raw {d['raw_bytes'] / 2**20:.1f} MiB  dedup {d['dedup_bytes'] / 2**20:.2f} MiB"
-        f"  ratio {d['ratio']:.2f} (n={d['group_size']})"
     )
     print(
         f"first mini-batch (sim.)   whole batch {fmt(**a['whole_batch_s'])}  admission {fmt(**a['admission_s'])}"

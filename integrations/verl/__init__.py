@@ -1,11 +1,11 @@
-"""Conduit for verl: post-generation ingestion as scheduled Conduit operators, KnitTrans-style delivery.
+"""Conduit for verl: post-generation stages as scheduled Conduit operators, KnitTrans-style admission.
 
 ::
 
     pip install ".[verl]"                                                              # from a clone
     python -m verl.trainer.main_ppo trainer.v1.trainer_mode=conduit_sync ...          # V1 (TransferQueue)
     python -m verl.trainer.main_ppo trainer.v1.trainer_mode=conduit_separate_async ...
-    # admission control (V1): trainer.v1.sampler.custom_sampler.path=pkg://conduit.integrations.verl.sampler
+    # admission (V1, async modes): trainer.v1.sampler.custom_sampler.path=pkg://conduit.integrations.verl.sampler
     #                         trainer.v1.sampler.custom_sampler.name=ConduitAdmissionBuffer
 
 The ``verl.plugins`` entry point (:mod:`.plugin`) registers the trainers in every
@@ -14,8 +14,8 @@ process that imports verl; V0 users take :class:`ConduitRayPPOTrainer` (a
 losses and engines are called, never copied. :func:`status` says whether the
 plugin registered (verl hides plugin errors).
 
-The pure parts (:mod:`.stages`, :mod:`.admission` logic, :mod:`.delivery`) import
-no verl; ``import conduit`` imports none of this package.
+The pure parts (:mod:`.stages`, :mod:`.admission`) import no verl; ``import conduit``
+imports none of this package. The user's page: ``docs/verl.md``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Experience-path latency, written where verl users look: the step's ``metrics`` and ``timing_raw``.
 
 What: :class:`PathMeter` times the post-generation ingestion (from the sampled
-batch to the advantage written) and Conduit's delivery staging, and records
+batch to the advantage written), and records
 per stage what the stage itself took. :meth:`PathMeter.publish` writes
 
 - ``timing_raw["conduit/exposed_path"]`` and ``timing_raw["conduit/<stage>"]``

@@ -301,9 +301,11 @@ def test_stats_of_a_dqn_with_its_local_learner():
 def test_stats_of_a_ppo_with_a_local_and_a_remote_learner():
     for num_learners in (0, 1):
         algo = enable_conduit(tiny_ppo().learners(num_learners=num_learners)).build_algo()
-        train(algo, 2)
-        got = stats(algo)
-        algo.stop()
+        try:
+            train(algo, 2)
+            got = stats(algo)
+        finally:
+            algo.stop()  # a remote learner left running would hold the session's Ray CPUs from the next tests
         assert got.buffer is None and got.runtime is None and len(got.learners) == 1, num_learners
         assert got.pipeline is not None and got.pipeline.updates == 2, num_learners
         assert got.pipeline.minibatches >= 2 * 3 * (256 // 64), num_learners

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import traceback
 from collections.abc import Iterable
+from typing import Any
 
 __all__ = [
     "CheckpointError",
@@ -97,6 +98,20 @@ class RuntimeFailed(ConduitError, RuntimeError):
             f"--- original traceback ---\n{self.original_traceback}"
         )
         self.__cause__ = original
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt from its attributes, not by calling ``__init__`` with the message: Ray copies and
+        # pickles exceptions raised in actors and tasks, and subclasses take other arguments
+        state = {k: v for k, v in self.__dict__.items() if k != "__cause__"}
+        return (_rebuilt, (type(self), self.args, state))
+
+
+def _rebuilt(cls: type[RuntimeFailed], args: tuple[Any, ...], state: dict[str, Any]) -> RuntimeFailed:
+    """A :class:`RuntimeFailed` (or subclass) with these ``args`` and attributes (see ``__reduce__``)."""
+    exc = cls.__new__(cls)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
 
 
 class HookFailed(RuntimeFailed):

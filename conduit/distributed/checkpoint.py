@@ -55,8 +55,8 @@ from conduit.core import SamplerKind
 from conduit.errors import CheckpointError
 from conduit.executor import process_alive
 from conduit.placement.records import largest_remainder
-from conduit.spec import ExperienceSpec
 from conduit.runtime import Conduit
+from conduit.spec import ExperienceSpec
 
 #: the rank's :class:`~conduit.distributed.runtime.DistributedConduit` (not imported: it imports this module)
 DistributedConduit = Any

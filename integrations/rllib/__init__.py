@@ -43,7 +43,7 @@ from .options import ConduitRLlibOptions, Staleness
 from .pipeline import PipelinedMinibatches, PipelineStats
 from .profiling import ExperiencePathTimer, measure_iterations, summary_table
 from .quiet import quiet_ray_startup
-from .stats import ConduitStats, LearnerStats, stats
+from .stats import ConduitStats, LearnerStats, ShardStats, stats
 
 __all__ = [
     "BUFFER_COMPONENT",
@@ -66,6 +66,7 @@ __all__ = [
     "PipelinedMinibatches",
     "PreparedBatch",
     "SampledEpisodes",
+    "ShardStats",
     "Staleness",
     "enable_conduit",
     "install_conduit_buffer",

@@ -43,6 +43,8 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from ._compat import log
 from .buffer import ConduitEpisodeReplayBuffer, ConduitPrioritizedEpisodeReplayBuffer, _ConduitReplay
 from .learners import ConduitOffPolicyLearner
+from .sharded import ShardedReplay, wants_shards
+from .sharded import training_step as sharded_training_step
 
 __all__ = ["BUFFER_COMPONENT", "ConduitAlgorithm", "ConduitDQN", "ConduitSAC", "IterationMetricsLogger",
            "install_conduit_buffer", "make_conduit_buffer"]
@@ -95,6 +97,8 @@ def install_conduit_buffer(*, algorithm: Any, metrics_logger: Any = None, **kwar
     """``on_algorithm_init`` callback: make sure ``algorithm.local_replay_buffer`` is Conduit's."""
     if not _wants_conduit(algorithm.config) or isinstance(algorithm.local_replay_buffer, _ConduitReplay):
         return
+    if wants_shards(algorithm.config):
+        return  # the learners hold the buffer (:mod:`.sharded`)
     algorithm.local_replay_buffer = make_conduit_buffer(algorithm.config)
     log.info("conduit: swapped in %s for %s", type(algorithm.local_replay_buffer).__name__, type(algorithm).__name__)
 
@@ -131,8 +135,13 @@ class ConduitAlgorithm:
         buffer = getattr(self, "local_replay_buffer", None)
         if isinstance(buffer, _ConduitReplay):
             buffer.defer_metrics = True
+        #: several learners: the buffer sharded over the learner actors (:mod:`.sharded`), else None
+        self.conduit_shards = ShardedReplay(self) if wants_shards(self.config) else None
 
     def training_step(self) -> None:
+        if self.conduit_shards is not None:
+            sharded_training_step(self, self.conduit_shards)
+            return
         super().training_step()  # type: ignore[misc]
         if time.monotonic() - self._metrics_flushed_at >= self.METRICS_INTERVAL_S:
             self.flush_buffer_metrics()
@@ -141,12 +150,18 @@ class ConduitAlgorithm:
         """Aggregate the Conduit buffer's pending RLlib metrics into ``self.metrics`` now; returns
         how many of RLlib's reduce cycles were flushed."""
         self._metrics_flushed_at = time.monotonic()
+        shards = getattr(self, "conduit_shards", None)
+        if shards is not None:
+            shards.log_metrics(self.metrics)
+            return 1
         buffer = getattr(self, "local_replay_buffer", None)
         if isinstance(buffer, _ConduitReplay) and buffer.defer_metrics:
             return buffer.flush_metrics(self.metrics)
         return 0
 
     def _create_local_replay_buffer_if_necessary(self, config: Any) -> Any:
+        if wants_shards(config):
+            return None  # the learners hold the buffer
         if _wants_conduit(config) and not config.replay_buffer_config.get("no_local_replay_buffer"):
             return make_conduit_buffer(config)
         return super()._create_local_replay_buffer_if_necessary(config)  # type: ignore[misc]
@@ -158,6 +173,11 @@ class ConduitAlgorithm:
             BUFFER_COMPONENT, components, not_components
         ):
             state[BUFFER_COMPONENT] = buffer.get_state()
+        shards = getattr(self, "conduit_shards", None)
+        if shards is not None and self._check_component(  # type: ignore[attr-defined]
+            BUFFER_COMPONENT, components, not_components
+        ):
+            state[BUFFER_COMPONENT] = {"sharded": shards.state()}
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -165,8 +185,29 @@ class ConduitAlgorithm:
         buffer = getattr(self, "local_replay_buffer", None)
         if BUFFER_COMPONENT in state and isinstance(buffer, _ConduitReplay):
             buffer.set_state(state[BUFFER_COMPONENT])
+        shards = getattr(self, "conduit_shards", None)
+        if shards is not None and "sharded" in state.get(BUFFER_COMPONENT, {}):
+            shards.load(state[BUFFER_COMPONENT]["sharded"])
+
+    def save_to_path(self, path: Any = None, **kwargs: Any) -> str:
+        """RLlib's checkpoint, plus every learner's shard (collective) in its ``conduit_shards`` directory."""
+        saved = super().save_to_path(path, **kwargs)  # type: ignore[misc]
+        shards = getattr(self, "conduit_shards", None)
+        if shards is not None:
+            shards.save(saved)
+        return saved
+
+    def restore_from_path(self, path: Any, *args: Any, **kwargs: Any) -> None:
+        """RLlib's restore, then the shards (re-sharded where the checkpoint had another learner count)."""
+        super().restore_from_path(path, *args, **kwargs)  # type: ignore[misc]
+        shards = getattr(self, "conduit_shards", None)
+        if shards is not None and not kwargs.get("component"):
+            shards.restore(path)
 
     def cleanup(self) -> None:
+        shards = getattr(self, "conduit_shards", None)
+        if shards is not None:
+            shards.close()
         try:
             super().cleanup()  # type: ignore[misc]
         finally:

@@ -12,23 +12,10 @@ the learner class with pipelined mini-batches. Options are validated
 (:class:`~.options.ConduitRLlibOptions`); a problem raises
 :class:`conduit.ConfigError` naming the option.
 
-**Several learner actors (``num_learners >= 1``) keep one buffer, in the driver.**
-RLlib 2.60's DQN/SAC ``training_step`` (new API stack) owns the data flow: the
-driver adds the env runners' episodes to ``self.local_replay_buffer``, samples
-``total_train_batch_size`` (``train_batch_size_per_learner`` × learners) from it,
-hands the episodes to ``learner_group.update``, which splits them over the
-learner actors through Ray's object store, and feeds the TD errors the actors
-return back into the buffer's priorities. The buffer is an object of the
-driver, and ``LearnerGroup.update`` takes batches, not "sample your own". A
-buffer sharded over the learner actors (each actor a rank of
-:mod:`conduit.distributed`, pulling its batch collectively) therefore needs a
-different ``training_step``: episodes routed to the actors' shards instead of
-``add``, no driver-side ``sample``, an update call that tells each actor to pull,
-and priorities updated where the rows live. That replaces RLlib's control flow
-rather than configuring it, which this adapter does not do. With several
-learners the Conduit buffer serves the driver's sample exactly as with one
-(tested with ``num_learners=2``); learners that want sharded replay can run
-:mod:`conduit.distributed` in their own training loop.
+**Several learner actors (``num_learners >= 2``) shard the buffer over them** (DQN/SAC, bounded
+mode; ``sharded=False`` keeps one buffer in the driver): :mod:`.sharded` replaces the buffer's
+calls in ``training_step`` with the learners' shards, each a rank of :mod:`conduit.distributed`.
+The exact mode is RLlib's one buffer, bit for bit, and stays in the driver.
 """
 
 from __future__ import annotations
@@ -104,8 +91,11 @@ def _enable_off_policy(config: Any, opts: ConduitRLlibOptions, stock_algo: type,
         storage_device=opts.storage_device, prepared_batches=opts.prepared_batches,
         train_batch_size=config.total_train_batch_size,
         n_step=tuple(config.n_step) if isinstance(config.n_step, list) else config.n_step,
-        gamma=config.gamma, seed=opts.seed, timeout_s=opts.timeout_s,
+        gamma=config.gamma, seed=opts.seed, timeout_s=opts.timeout_s, sharded=opts.sharded, sampling=opts.sampling,
     )
+    if opts.sharded and opts.staleness is Staleness.EXACT:
+        raise ConfigError("enable_conduit: sharded=True needs staleness='bounded' (the exact mode is RLlib's one "
+                          "buffer, bit for bit)")
     config.replay_buffer_config = {
         "type": types[prioritized],
         "capacity": opts.capacity or int(rb.get("capacity", 50_000)),

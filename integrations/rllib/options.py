@@ -11,7 +11,7 @@ queues, storage) is created lazily in the process that uses the buffer.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -59,6 +59,10 @@ class ConduitRLlibOptions(BaseModel):
         prefetch_depth: PPO: mini-batches prepared ahead.
         seed: the buffer's sampling seed; ``None`` uses ``config.seed``.
         timeout_s: bound on every wait inside the adapter.
+        sharded: off-policy: shard the buffer over the learner actors (``None``: when ``num_learners >= 2`` in
+            the bounded mode; ``False`` keeps one buffer in the algorithm's process).
+        sampling: sharded: ``"global"`` (one buffer's distribution over every shard) or ``"local"`` (each
+            learner from its own shard).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -76,6 +80,8 @@ class ConduitRLlibOptions(BaseModel):
     prefetch_depth: Annotated[int, Field(gt=0, le=16)] = 1
     seed: int | None = None
     timeout_s: Annotated[float, Field(gt=0.0)] = 60.0
+    sharded: bool | None = None
+    sampling: Literal["global", "local"] = "global"
 
 
 class BufferOptions(BaseModel):
@@ -99,6 +105,8 @@ class BufferOptions(BaseModel):
     gamma: Annotated[float, Field(ge=0.0, le=1.0)] = 0.99
     seed: int | None = None
     timeout_s: Annotated[float, Field(gt=0.0)] = 60.0
+    sharded: bool | None = None
+    sampling: Literal["global", "local"] = "global"
 
 
 def parse_options(model: type[BaseModel], values: dict[str, Any] | None, where: str) -> Any:

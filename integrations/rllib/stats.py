@@ -7,7 +7,8 @@ their own counters: prepared vs connector-built batches off-policy, pipelined
 mini-batches for PPO. Learners are reached with RLlib's public
 ``LearnerGroup.foreach_learner``, which runs on the local learner in-process and
 on each remote learner actor, so the same call works for ``num_learners=0`` and
-``num_learners>=1``.
+``num_learners>=1``. With the buffer sharded over the learners (``num_learners >= 2``), each
+shard's counters come from its learner (:class:`ShardStats`).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from conduit.distributed.options import DistributedStats
 from conduit.stats import RuntimeStats
 
 from .buffer import ConduitBufferStats, _ConduitReplay
 from .learners import ConduitOffPolicyLearner, ConduitPPOTorchLearner
 from .pipeline import PipelineStats
 
-__all__ = ["ConduitStats", "LearnerStats", "stats"]
+__all__ = ["ConduitStats", "LearnerStats", "ShardStats", "stats"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,16 @@ class LearnerStats:
     connector_batches: int = 0
     #: PPO learners: the mini-batch pipeline's counters (None for other learners)
     pipeline: PipelineStats | None = None
+
+
+@dataclass(frozen=True)
+class ShardStats:
+    """One learner's shard of a sharded buffer (``num_learners >= 2``): its rank, the rows its learner pulled,
+    and the group's exactly-once counters per rank as that rank saw them (the same on every rank)."""
+
+    rank: int
+    sampled: int
+    group: DistributedStats
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,8 @@ class ConduitStats:
     buffer: ConduitBufferStats | None
     runtime: RuntimeStats | None
     learners: tuple[LearnerStats, ...]
+    #: the learners' shards, by rank (empty unless the buffer is sharded over the learners)
+    shards: tuple[ShardStats, ...] = ()
 
     @property
     def pipeline(self) -> PipelineStats | None:
@@ -91,9 +105,12 @@ def stats(algo: Any) -> ConduitStats:
             found = result.get()
             if found is not None:
                 learners.append(LearnerStats(index=i, **found))
-    if buffer_stats is None and not learners:
+    sharded = getattr(algo, "conduit_shards", None)
+    shards = tuple(ShardStats(rank=c["rank"], sampled=c["sampled"], group=c["stats"])
+                   for c in sharded.shard_counts()) if sharded is not None else ()
+    if buffer_stats is None and not learners and not shards:
         raise TypeError(
             f"stats: {type(algo).__name__} has no Conduit replay buffer and no Conduit learner; "
             "build it from a config passed through enable_conduit(config)"
         )
-    return ConduitStats(buffer=buffer_stats, runtime=runtime, learners=tuple(learners))
+    return ConduitStats(buffer=buffer_stats, runtime=runtime, learners=tuple(learners), shards=shards)

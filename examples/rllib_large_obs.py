@@ -10,7 +10,7 @@ writes it once into columnar storage and gathers batches straight into tensors.
 By default both run, one after the other, and a side-by-side table of iteration
 time and exposed experience-path latency is printed.
 
-Run: ``python examples/rllib_large_obs.py [--iterations N] [--no-conduit] [--obs-dim D]``
+Run: ``python examples/rllib_large_obs.py [--iterations N] [--no-conduit] [--obs-dim D] [--learners N]``
 (needs ``pip install ".[rllib]"`` in a clone of Conduit).
 """
 
@@ -53,7 +53,7 @@ class LargeObsCartPole(gym.Env):
         return self._obs(state), reward, terminated, truncated, info
 
 
-def build(use_conduit: bool, obs_dim: int, seed: int, prefetch: bool | None):
+def build(use_conduit: bool, obs_dim: int, seed: int, prefetch: bool | None, learners: int = 0):
     register_env("LargeObsCartPole", lambda cfg: LargeObsCartPole(cfg))
     config = (
         DQNConfig()
@@ -67,18 +67,20 @@ def build(use_conduit: bool, obs_dim: int, seed: int, prefetch: bool | None):
         .reporting(min_sample_timesteps_per_iteration=200, min_time_s_per_iteration=None)
         .debugging(seed=seed)
     )
+    if learners:  # both runs side by side on Ray's 2 CPUs: each learner actor takes a share
+        config.learners(num_learners=learners, num_cpus_per_learner=1 / learners)
     if use_conduit:
         config = enable_conduit(config, prefetch=prefetch)
     return config.build_algo()
 
 
 def main(iterations: int = 3, conduit: bool = True, obs_dim: int = OBS_DIM, prefetch: bool | None = None,
-         seed: int = 0, verbose: bool = True) -> dict[str, list[dict]]:
+         seed: int = 0, verbose: bool = True, learners: int = 0) -> dict[str, list[dict]]:
     if not ray.is_initialized():
         quiet_ray_startup()  # Ray's start-up warnings about its own defaults (conduit.integrations.rllib.quiet)
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     runs = [("rllib", False), ("conduit", True)] if conduit else [("rllib", False)]
-    algos = {label: build(use_conduit, obs_dim, seed, prefetch) for label, use_conduit in runs}
+    algos = {label: build(use_conduit, obs_dim, seed, prefetch, learners) for label, use_conduit in runs}
     try:
         results = measure_iterations(algos, iterations, verbose)  # interleaved: A, B, A, B, ...
     finally:
@@ -98,4 +100,6 @@ if __name__ == "__main__":
     p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=None,
                    help="force (or forbid) prefetching; default: Conduit's schedule decides")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--learners", type=int, default=0,
+                   help="learner actors (0: in the driver); with 2 or more Conduit shards the buffer over them")
     main(**vars(p.parse_args()))

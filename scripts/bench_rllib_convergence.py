@@ -26,8 +26,8 @@ from conduit.integrations.rllib import ExperiencePathTimer, enable_conduit, quie
 from ray.rllib.algorithms.dqn import DQNConfig
 
 
-def dqn_config(seed: int) -> DQNConfig:
-    return (
+def dqn_config(seed: int, learners: int = 0) -> DQNConfig:
+    config = (
         DQNConfig()
         .environment("CartPole-v1")
         .env_runners(num_env_runners=0)
@@ -43,12 +43,16 @@ def dqn_config(seed: int) -> DQNConfig:
                    metrics_num_episodes_for_smoothing=20)
         .debugging(seed=seed)
     )
+    if learners:  # two algorithms run side by side on Ray's 2 CPUs: each learner actor takes a share
+        config.learners(num_learners=learners, num_cpus_per_learner=1 / learners)
+    return config
 
 
 def run(args: argparse.Namespace, seed: int, deadline: float) -> dict[str, list[dict[str, Any]]]:
     """One seed: both runs, interleaved, each until it reaches the threshold (or the budget)."""
-    labels = {"rllib": dqn_config(seed)}
-    labels["conduit"] = enable_conduit(dqn_config(seed), staleness=args.staleness, prefetch=args.prefetch)
+    labels = {"rllib": dqn_config(seed, args.learners)}
+    labels["conduit"] = enable_conduit(dqn_config(seed, args.learners), staleness=args.staleness,
+                                       prefetch=args.prefetch)
     algos = {label: cfg.build_algo() for label, cfg in labels.items()}
     timers = {label: ExperiencePathTimer(algo) for label, algo in algos.items()}
     history: dict[str, list[dict[str, Any]]] = {label: [] for label in algos}
@@ -144,6 +148,8 @@ def main() -> None:
     p.add_argument("--staleness", choices=["bounded", "exact"], default="bounded")
     p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--learners", type=int, default=0,
+                   help="learner actors (0: in the driver); with 2 or more Conduit shards the buffer over them")
     p.add_argument("--every", type=int, default=5, help="rows of the reward tables: every N iterations")
     p.add_argument("--json", default=None, help="also write the per-iteration history here")
     args = p.parse_args()

@@ -11,7 +11,10 @@ not counted — only what the loop waits for is.
 
 :class:`ExperiencePathTimer` wraps those methods on the live objects (the
 algorithm's buffer and its in-process learner), so stock RLlib and Conduit are
-measured by the same code. It needs ``num_learners=0``.
+measured by the same code. With learner actors (``num_learners >= 1``) only the
+driver's side is timed: the buffer's calls, or with the buffer sharded over the
+learners, the driver's ``add`` plus the slowest learner's pull of each update;
+a learner actor's connector (stock RLlib) is inside its update and not counted.
 """
 
 from __future__ import annotations
@@ -55,9 +58,24 @@ class ExperiencePathTimer:
         if buffer is not None:
             for name in _BUFFER_METHODS:
                 self._wrap(buffer, name, f"buffer.{name}")
-        learner = getattr(algo.learner_group, "_learner", None)
+        shards = getattr(algo, "conduit_shards", None)
+        if shards is not None:
+            self._wrap(shards, "add", "shards.add")
+            original_train = shards.train
+
+            @functools.wraps(original_train)
+            def train(*args: Any, **kwargs: Any) -> Any:
+                before = shards.pull_s
+                try:
+                    return original_train(*args, **kwargs)
+                finally:
+                    self.charge("shards.pull", shards.pull_s - before)
+
+            shards.train = train
+            self._patched.append((shards, "train"))
+        learner = getattr(algo.learner_group, "_learner", None) if algo.config.num_learners == 0 else None
         if learner is None:
-            raise ValueError("ExperiencePathTimer needs an in-process learner (config.learners(num_learners=0))")
+            return
         self._wrap(learner, "_make_batch_if_necessary", "learner.make_batch")
         original = learner._create_iterator_if_necessary
 

@@ -27,6 +27,7 @@ dies makes the next call raise :class:`conduit.RuntimeFailed` naming it.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +128,11 @@ class _Shard:
             self.edp.push({k: v[mine] for k, v in rows.items()})
         return count
 
-    def train(self, learner: Any, timesteps: dict[str, Any]) -> dict[str, Any]:
+    def train(self, learner: Any, timesteps: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        """Pull, update, send the priorities; RLlib's results and the seconds the pull took."""
+        t0 = time.perf_counter()
         batch = self.edp.pull()
+        pulled = time.perf_counter() - t0
         self.sampled += batch.size
         module_id = next(iter(learner.module.keys()))
         data = MultiAgentBatch({module_id: SampleBatch(dict(batch))}, env_steps=batch.size)
@@ -141,7 +145,7 @@ class _Shard:
                 td.extend(np.asarray(convert_to_numpy(x)).reshape(-1) for x in force_list(items))
         if self.prioritized and td:
             self.edp.update_priorities(batch, np.concatenate(td))
-        return results
+        return results, pulled
 
 
 def _start(learner: Any, settings: dict[str, Any]) -> int:
@@ -160,7 +164,7 @@ def _push(learner: Any, rows: Any, first: int) -> int:
     return _shard(learner).push(ray.get(rows) if isinstance(rows, ray.ObjectRef) else rows, first)
 
 
-def _train(learner: Any, timesteps: dict[str, Any]) -> dict[str, Any]:
+def _train(learner: Any, timesteps: dict[str, Any]) -> tuple[dict[str, Any], float]:
     return _shard(learner).train(learner, timesteps)
 
 
@@ -203,6 +207,7 @@ class ShardedReplay:
         self.folder = NStepFolder(int(config.n_step), float(config.gamma))
         self.added = 0
         self.pushed = 0
+        self.pull_s = 0.0
         self.learners = len(self.group)
         self.ranks = self._call(_start, "start", settings=self.settings)
 
@@ -240,8 +245,11 @@ class ShardedReplay:
         return n
 
     def train(self, timesteps: dict[str, Any]) -> list[dict[str, Any]]:
-        """Every learner pulls its batch and updates on it (RLlib's ``Learner.update``); their results."""
-        return self._call(_train, "update", timesteps=timesteps)
+        """Every learner pulls its batch and updates on it (RLlib's ``Learner.update``); their results.
+        :attr:`pull_s` adds up the slowest learner's pull of each update (the learners wait for it)."""
+        out = self._call(_train, "update", timesteps=timesteps)
+        self.pull_s += max(pulled for _, pulled in out)
+        return [results for results, _ in out]
 
     # -- counters, checkpoints, lifecycle --------------------------------------------------------
     def shard_counts(self) -> list[dict[str, Any]]:

@@ -182,3 +182,18 @@ def test_exact_mode_with_two_learners_keeps_rllibs_one_buffer():
 
     assert not wants_shards(enable_conduit(tiny_dqn().learners(num_learners=2), staleness="exact"))
     assert wants_shards(enable_conduit(tiny_dqn().learners(num_learners=2)))
+
+
+def test_sac_shards_its_buffer_the_same_way():
+    from .rllib_configs import tiny_sac
+
+    algo = enable_conduit(tiny_sac().learners(num_learners=2, num_cpus_per_learner=1)).build_algo()
+    try:
+        results = [algo.train() for _ in range(2)]
+        got = stats(algo)
+    finally:
+        algo.stop()
+    group = got.shards[0].group
+    assert results[-1]["env_runners"]["num_env_steps_sampled_lifetime"] == sum(group.shard_rows) == 128
+    assert group.shard_rows == (64, 64) and all(s.sampled > 0 for s in got.shards)
+    assert "qf_loss" in results[-1]["learners"]["default_policy"]

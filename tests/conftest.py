@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -70,3 +72,29 @@ def ray_session():
     yield ray
     if started:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ray_free_cpus(ray_session) -> Callable[[float], None]:
+    """A function that waits, bounded, until the session's Ray has ``cpus`` CPUs free, and fails naming the actors
+    that hold them otherwise.
+
+    TransferQueue's controller and storage unit take one CPU each, all of this session's two: on a loaded host the
+    actors of a test that just ended (a killed learner, a closed TransferQueue) can take a while to give theirs
+    back, and ``tq.init`` would then wait for them without a word until pytest-timeout ends it.
+    """
+
+    def wait(cpus: float, timeout_s: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while ray_session.available_resources().get("CPU", 0.0) < cpus:
+            if time.monotonic() > deadline:
+                from ray.util.state import list_actors
+
+                alive = [f"{a.class_name} ({a.actor_id[:8]})" for a in list_actors(filters=[("state", "=", "ALIVE")])]
+                pytest.fail(
+                    f"Ray has {ray_session.available_resources().get('CPU', 0.0)} of {cpus} CPUs free after "
+                    f"{timeout_s:.0f} s; alive actors holding them: {', '.join(alive) or 'none listed'}"
+                )
+            time.sleep(0.5)
+
+    return wait

@@ -513,6 +513,9 @@ ABSENT_INVOCATIONS = [
 
 def _python(code: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != ROOT.resolve()]
+    if kept:  # the checkout stays off the path; packages a machine supplies through PYTHONPATH stay on it
+        env["PYTHONPATH"] = os.pathsep.join(kept)
     return subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=env
     )

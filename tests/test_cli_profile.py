@@ -6,6 +6,7 @@ import json
 from fractions import Fraction
 
 import pytest
+import torch
 from conduit.cli.main import app
 from typer.testing import CliRunner
 
@@ -35,8 +36,12 @@ def test_profile_json_reports_costs_candidates_and_a_feasible_plan():
         assert costs["t_ing_s"] and costs["t_del_s"]
         cands = w["candidates"]
         assert cands == sorted(cands, key=lambda c: c["t_iter_s"])
-        placement = w["placement"]  # Alg. 1 on the live topology: here, without a GPU, host memory for a CPU learner
-        assert placement["learner"] == "cpu" and placement["chosen"] == w["plan"]["placement"] == "cpu_pageable(cpu)"
+        placement = w["placement"]  # Alg. 1 on the live topology: without a GPU, host memory for a CPU learner
+        assert placement["chosen"] == w["plan"]["placement"]
+        if torch.cuda.is_available():  # the learner takes the GPU; Alg. 1 picks among GPU, pinned and pageable
+            assert placement["learner"] == "cuda:0"
+        else:
+            assert placement["learner"] == "cpu" and placement["chosen"] == "cpu_pageable(cpu)"
         assert not {"chosen", "kept"} & set(w)  # one answer: ``plan``; the choices behind it are named as such
         rows = w["workload"]["capacity"] if w["workload"]["policy"] == "off_policy" else 2 * (32 * 4 + 32)
         assert placement["rows"] == rows

@@ -68,7 +68,9 @@ def test_a_documented_shell_script_parses(path):
     ids=lambda c: " ".join(c[1:]),
 )
 def test_a_documented_python_command_answers_help(command):
-    needs = {"examples/rllib_": "ray", "examples/verl_": "verl", "benchmarks/verl_": "verl"}
+    needs = {
+            "examples/rllib_": "ray", "scripts/bench_rllib": "ray", "examples/verl_": "verl", "benchmarks/verl_": "verl",
+        }
     for prefix, module in needs.items():
         if command[-1].startswith(prefix) and importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} is not installed (its extra)")

@@ -34,11 +34,12 @@ def cartpole_chunks():
 
 
 @pytest.fixture(scope="module")
-def transfer_queue(ray_session):
+def transfer_queue(ray_free_cpus):
     """verl's TransferQueue (one storage unit) on the shared Ray session, for one module; emptied after each use
     of :func:`tq_clean`. Skips without verl / TransferQueue."""
     pytest.importorskip("verl")
     tq = pytest.importorskip("transfer_queue")
+    ray_free_cpus(2)  # its controller and storage unit take one CPU each
     tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1, "total_storage_size": 100000}}})
     yield tq
     tq.close()

@@ -318,10 +318,11 @@ def test_stats_says_what_is_missing():
         stats(object.__new__(PPO))
 
 
-def test_dqn_with_two_learner_actors_and_sharded_false_keeps_the_single_conduit_buffer_in_the_driver():
+def test_dqn_with_two_learner_actors_and_sharded_false_keeps_the_single_conduit_buffer_in_the_driver(ray_free_cpus):
     """``num_learners=2, sharded=False``: RLlib's DQN ``training_step`` samples ``train_batch_size_per_learner x 2``
     rows in the driver and ``LearnerGroup.update`` splits them over the learner actors; the Conduit buffer serves
     that sample (the default with two learners shards the buffer over them: test_rllib_sharded.py)."""
+    ray_free_cpus(1)  # two learner actors of half a CPU each
     algo = enable_conduit(tiny_dqn().learners(num_learners=2, num_cpus_per_learner=0.5), sharded=False).build_algo()
     try:
         results = [algo.train() for _ in range(2)]

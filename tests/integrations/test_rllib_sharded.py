@@ -67,10 +67,18 @@ def counts(algo) -> tuple[int, ...]:
     return stats(algo).shards[0].group.shard_rows
 
 
+@pytest.fixture(autouse=True)
+def _learners_fit(ray_free_cpus):
+    """Every test here starts learner actors that take the session's two CPUs between them: an earlier test's
+    actors must have given theirs back (a bounded wait that names the holders, never a silent one)."""
+    ray_free_cpus(2)
+
+
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, ray_free_cpus):
     """Two learners, prioritized, three iterations: the results, the stats, a checkpoint; then learner 1 dies and
     the algorithm is asked to train on (one algorithm for all of it: each build starts learner actors)."""
+    ray_free_cpus(2)  # built before the autouse wait above (a module fixture comes first)
     path = tmp_path_factory.mktemp("sharded") / "ckpt"
     algo = sharded_dqn().build_algo()
     out = {}

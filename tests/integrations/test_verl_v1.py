@@ -23,10 +23,11 @@ FIELDS = ["rm_scores", "old_log_probs", "ref_log_prob", "token_level_rewards", "
 
 
 @pytest.fixture(scope="module")
-def example(ray_session):
+def example(ray_free_cpus):
     spec = importlib.util.spec_from_file_location("verl_grpo_cpu_example", EXAMPLE)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    ray_free_cpus(2)  # TransferQueue's controller and storage unit take one CPU each
     tq.init({"backend": {"SimpleStorage": {"num_data_storage_units": 1, "total_storage_size": 100000}}})
     yield mod
     tq.close()

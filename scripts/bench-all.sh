@@ -2,7 +2,8 @@
 # Reproduce every table in BENCHMARKS.md with one command (from a source checkout):
 #   1. conduit bench all   — micro-benchmark, synthetic loop, cost-model validation (~50 min on 2 cores),
 #      then the micro-benchmark once more with one transition per push (~3 min)
-#   2. the RLlib tables    — DQN convergence on CartPole, large observations, DQN/PPO side by side (~13 min)
+#   2. the RLlib tables    — DQN convergence on CartPole, large observations, DQN/PPO side by side (~13 min),
+#      then with 1 and 2 learner actors (~45 min)
 #   3. the other tables    — the sharded buffer across ranks, the strong-scaling model, the placement sweep,
 #      verl's trainers against Conduit's (~4 min) and the post-generation model, SRL's buffers (SRL's own classes
 #      where CONDUIT_SRL_SRC names a checkout) (~14 min)
@@ -60,6 +61,11 @@ if [ "$rllib_part" = 1 ]; then
   rllib examples/rllib_large_obs.py --iterations 8 --prefetch
   rllib examples/rllib_dqn_cartpole.py --compare --iterations 8
   rllib examples/rllib_ppo_cartpole.py --compare --iterations 8
+  # several learner actors (with 2, Conduit shards the buffer over them); each iteration takes 15-30 s here
+  rllib scripts/bench_rllib_convergence.py --threshold 150 --seeds 0 1 2 --learners 2 --max-iterations 12 --max-minutes 30
+  rllib scripts/bench_rllib_convergence.py --threshold 150 --seeds 0 --learners 1 --max-iterations 6
+  rllib examples/rllib_large_obs.py --iterations 6 --learners 1
+  rllib examples/rllib_large_obs.py --iterations 6 --learners 2
 fi
 if [ "$others_part" = 1 ]; then
   other() {  # heading, then the command's output (its progress lines go to stderr)

@@ -65,6 +65,10 @@ def ray_session():
     it could attach to another cluster); skips where Ray is not installed."""
     ray = pytest.importorskip("ray")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    # Ray starts its workers at niceness 15: beside any busy process at 0 (a build, another job) the learner
+    # and TransferQueue actors of these tests then get a thirtieth of the CPU, and a test that takes a minute
+    # on a quiet host runs past its timeout on a busy one
+    os.environ.setdefault("RAY_worker_niceness", "0")
     started = False
     if not ray.is_initialized():
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)

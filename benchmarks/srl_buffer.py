@@ -26,9 +26,14 @@ Cases, each a loop of training steps whose update is a fixed matmul workload:
 - ``conduit``: the drop-in, Conduit's default schedule for this machine.
 
 *Exposed delivery latency* is the trainer thread's time between two updates (getting
-the next batch ready as tensors). Push cost is ``put`` per sample, pull cost ``get``
-per batch without an update. Cases are interleaved in a fresh random order each
-repeat; the figures are medians over repeats with their min–max.
+the next batch ready as tensors). As in SRL's trainer worker, samples arrive on another
+thread: while a queue case runs, a stream thread (the worker's main thread and its
+``consume_to``) puts ``B`` samples whenever fewer than two entries are queued, and the
+trainer thread polls ``empty()`` before ``get()`` (time waiting for the stream is
+exposed). The replay cases draw from a filled buffer. Push cost is ``put`` per sample,
+pull cost ``get`` per batch without an update (a queue refilled inline when empty).
+Cases are interleaved in a fresh random order each repeat; the figures are medians over
+repeats with their min–max.
 """
 
 from __future__ import annotations
@@ -136,6 +141,9 @@ class NotesQueue:
     def empty(self) -> bool:
         return not self.items
 
+    def qsize(self) -> int:
+        return len(self.items)
+
     def get(self) -> Any:
         r = self.items.pop()
         r.reuses_left -= 1
@@ -179,8 +187,39 @@ class Update:
         return float(x[0, 0])
 
 
-def trainer_loop(get: Callable[[], Any], update: Update, steps: int, prefetch: bool) -> float:
+class Stream:
+    """SRL's sample stream into a queue buffer, on its own thread (the trainer worker's main thread calling
+    ``consume_to``): ``B`` samples whenever fewer than two entries are queued; bounded by ``limit_s``."""
+
+    def __init__(self, buf: Any, next_sample: Callable[[], Any], limit_s: float = 120.0) -> None:
+        self.buf, self.next_sample, self.limit_s = buf, next_sample, limit_s
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="srl-stream", daemon=True)
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.limit_s
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            if self.buf.qsize() < 2:
+                for _ in range(B):
+                    self.buf.put(self.next_sample())
+            else:
+                time.sleep(2e-4)
+
+    def __enter__(self) -> Stream:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join(60)
+
+
+def trainer_loop(get: Callable[[], Any], update: Update, steps: int, prefetch: bool,
+                 stream: Stream | None = None) -> float:
     """Mean exposed delivery latency per step (seconds): the trainer's time between two updates."""
+    if stream is not None:
+        with stream:
+            return trainer_loop(get, update, steps, prefetch)
     exposed = 0.0
     if not prefetch:
         for _ in range(steps):
@@ -236,31 +275,45 @@ def run(repeats: int, steps: int, seed: int = 0) -> dict[str, Any]:
         return samples[cursor["i"]]
 
     def queue_get(buf: Any) -> Callable[[], Any]:
-        def get() -> Any:
-            if buf.empty():  # keep the queue fed: the stream thread's job, timed as push cost elsewhere
+        def get() -> Any:  # SRL's GPUThread: poll ``empty()``, then ``get()``; the stream thread feeds the queue
+            deadline = time.monotonic() + 60
+            while buf.empty():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the stream thread fed no entry for 60 s")
+                time.sleep(1e-4)
+            return buf.get()
+        return get
+
+    def queue_get_fed(buf: Any) -> Callable[[], Any]:
+        def get() -> Any:  # for the pull cost: refilled inline when empty (the push cost is timed on its own)
+            if buf.empty():
                 for _ in range(B):
                     buf.put(next_sample())
             return buf.get()
         return get
 
     exposed_cases = {
-        "replay/srl inline": (env["replay/srl"].get, False),
-        "replay/srl + prefetch": (env["replay/srl"].get, True),
-        "replay/conduit": (env["replay/conduit"].get, False),
-        "queue/srl inline": (queue_get(env["queue/srl"]), False),
-        "queue/srl + prefetch": (queue_get(env["queue/srl"]), True),
-        "queue/conduit": (queue_get(env["queue/conduit"]), False),
+        "replay/srl inline": (env["replay/srl"].get, False, None),
+        "replay/srl + prefetch": (env["replay/srl"].get, True, None),
+        "replay/conduit": (env["replay/conduit"].get, False, None),
+        "queue/srl inline": (queue_get(env["queue/srl"]), False, env["queue/srl"]),
+        "queue/srl + prefetch": (queue_get(env["queue/srl"]), True, env["queue/srl"]),
+        "queue/conduit": (queue_get(env["queue/conduit"]), False, env["queue/conduit"]),
     }
     exposed: dict[str, list[float]] = {k: [] for k in exposed_cases}
     order = list(exposed_cases)
     shuffle = random.Random(seed)
+
+    def case(name: str, n: int) -> float:
+        get, prefetch, fed = exposed_cases[name]
+        return trainer_loop(get, update, n, prefetch, Stream(fed, next_sample) if fed is not None else None)
+
     for name in order:  # warm-up
-        trainer_loop(exposed_cases[name][0], update, 3, exposed_cases[name][1])
+        case(name, 3)
     for _ in range(repeats):
         shuffle.shuffle(order)
         for name in order:
-            get, prefetch = exposed_cases[name]
-            exposed[name].append(trainer_loop(get, update, steps, prefetch))
+            exposed[name].append(case(name, steps))
     update_s = statistics.median(_time(lambda: update(as_tensors(env["replay/srl"].get().sample))) for _ in range(9))
 
     cost_cases: dict[str, Callable[[int], None]] = {}
@@ -270,7 +323,7 @@ def run(repeats: int, steps: int, seed: int = 0) -> dict[str, Any]:
             cost_cases[f"{kind}/{who} push"] = _pushes(buf, next_sample)
             if who == "conduit":  # what ConduitSampleConsumer does with one consume_to's samples
                 cost_cases[f"{kind}/{who} put_many"] = _put_many(buf, next_sample)
-            get = buf.get if kind == "replay" else queue_get(buf)
+            get = buf.get if kind == "replay" else queue_get_fed(buf)
             cost_cases[f"{kind}/{who} pull"] = _pulls(get)
     calls = {k: (20 if k.endswith("pull") else B) for k in cost_cases}
     costs = interleaved(cost_cases, calls, repeats, seed=seed)

@@ -37,7 +37,7 @@ import math
 import queue
 import threading
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any, ClassVar
 
 import numpy as np
@@ -55,6 +55,9 @@ from .samples import HOST_FIELDS, Layout
 from .staging import HandoffGuard, Staging
 
 __all__ = ["ConduitPrioritizedReplay", "ConduitReplayBuffer", "SamplingIndices", "prioritized_class"]
+
+#: samples built ahead by the delivery hook and not yet handed out, at most (the staging depth is one or two)
+PREPARED = 8
 
 class SamplingIndices(np.ndarray):
     """``ReplayEntry.sampling_indices``: the drawn slots (int64), carrying the batch's provenance for the priority
@@ -118,6 +121,8 @@ class ConduitReplayBuffer:
         self._times = np.zeros(self.max_size, dtype=np.int64)  # replay count of the sample in each slot
         self._gens = np.full(self.max_size, -1, dtype=np.int64)  # the transition id those counts belong to
         self._handed: deque[BatchInfo] = deque(maxlen=64)
+        # samples the delivery hook built for the batches it staged, by their first block's address (bounded)
+        self._prepared: OrderedDict[int, Any] = OrderedDict()
 
     # -- the runtime, made at the first put (the sample length is known then) -------------------
     def _config(self, layout: Layout) -> conduit.ConduitConfig:
@@ -159,6 +164,7 @@ class ConduitReplayBuffer:
                 f"fields {sorted(layout.other)} are not numeric arrays: a Conduit replay buffer stores numbers "
                 "(SRL's replay buffers store them in numeric arrays too)"
             )
+        self.layout = layout  # before the runtime: its delivery hook lays batches out by it
         edp = self._runtime(layout)
         edp.start()
         self._started(edp)
@@ -170,9 +176,10 @@ class ConduitReplayBuffer:
 
     def _time_major(self, exp_in: Reader, learn_out: Writer) -> None:
         """Delivery hook: each batch of ``[B, T, ...]`` rows into a ``[T, B, ...]`` staging block, written as the
-        block's ``[B, T, ...]`` transposed view (one output row per input row, as a delivery hook must)."""
+        block's ``[B, T, ...]`` transposed view (one output row per input row, as a delivery hook must); and the
+        batch's SRL sample, built here while the trainer updates, not by ``get`` on the trainer thread."""
         data = exp_in.read()
-        assert self.staging is not None
+        assert self.staging is not None and self.layout is not None
         b = self.batch_size
         rows = next(iter(data.values())).shape[0]
         for start in range(0, rows, b):
@@ -183,6 +190,11 @@ class ConduitReplayBuffer:
                 view = blocks[k].transpose(0, 1)
                 view.copy_(v)
                 out[k] = view
+            sample = self.layout.rebuild({k: blk.numpy() for k, blk in blocks.items()}, self.types.named_array)
+            with self._lock:
+                self._prepared[next(iter(blocks.values())).data_ptr()] = sample
+                while len(self._prepared) > PREPARED:
+                    self._prepared.popitem(last=False)
             learn_out.write(out)
 
     # -- SRL's buffer protocol -------------------------------------------------------------------
@@ -240,10 +252,13 @@ class ConduitReplayBuffer:
             raise queue.Empty("the Conduit SRL buffer has not reached warmup_transitions yet")
         batch = edp.pull(timeout=self.timeout_s)
         info = batch.info
-        leaves = {k: self._out(k, v) for k, v in batch.items()}
+        sample = None
         if self.staging is not None:
+            with self._lock:
+                sample = self._prepared.pop(next(iter(batch.values())).data_ptr(), None)
             self._guard.handed(list(batch.values()))
-        sample = layout.rebuild(leaves, self.types.named_array)
+        if sample is None:  # a GPU learner's batch (tensors on its device), or a hook's batch evicted meanwhile
+            sample = layout.rebuild({k: self._out(k, v) for k, v in batch.items()}, self.types.named_array)
         reuses = self._count(info)
         indices = self._annotate(sample, info)
         return self.types.replay_entry(
@@ -266,7 +281,7 @@ class ConduitReplayBuffer:
             self._gens[slots[fresh]] = ids[fresh]
             reuses = float(self._times[slots].mean())
             if not self.prioritized:  # SRL counts a uniform replay at the draw, a prioritized one at its feedback
-                self._times[np.unique(slots)] += 1  # a slot drawn twice in one batch counts once, as in SRL
+                self._times[slots] += 1  # fancy-index ``+=``: a slot drawn twice in one batch counts once, as in SRL
             self._handed.append(info)
         return reuses
 
@@ -304,6 +319,7 @@ class ConduitReplayBuffer:
         if self.edp is not None:
             raise SemanticsError("resume into a fresh buffer (this one already holds samples)")
         layout: Layout = state["layout"]
+        self.layout = layout  # before the runtime: its delivery hook lays batches out by it
         edp = self._runtime(layout)
         persist.restore_into(edp, files)
         self.layout, self.edp, self.sample_length = layout, edp, layout.length
@@ -404,7 +420,7 @@ class ConduitPrioritizedReplay(ConduitReplayBuffer):
         with self._lock:
             slots = info.indices
             live = self._gens[slots] == info.ids
-            self._times[np.unique(slots[live])] += 1  # once per slot per batch, as SRL's fancy-index ``+= 1``
+            self._times[slots[live]] += 1  # fancy-index ``+=``: once per slot per batch, as in SRL
             self.training_steps += 1
             steps = self.training_steps
         if self.beta_scheduler is not None:

@@ -296,3 +296,42 @@ def test_conduit_per_counts_duplicate_draws_as_srls_per_does(srl_buffer):
         assert e.sample.reward[0, :, 0].tolist() == [0.0] * 4  # one slot drawn four times in one batch
     assert reuses["conduit"] == reuses["srl"] == [0.0, 1.0, 2.0, 3.0]
     ours.close()
+
+
+_QUEUE = {"max_size": 16, "reuses": 2, "batch_size": 4}
+_REPLAY = {"max_size": 32, "batch_size": 4, "warmup_transitions": 136, "sample_length": 17, "batch_length": 17}
+_PER = {"max_size": 32, "batch_size": 4, "warmup_transitions": 136, "sample_length": 17}
+
+
+@pytest.mark.parametrize(
+    "name,args",
+    [
+        ("priority_queue", _QUEUE), ("conduit_queue", _QUEUE),
+        ("simple_replay_buffer", _REPLAY), ("conduit_replay", _REPLAY), ("conduit_prioritized", _PER),
+    ],
+)
+def test_a_real_srl_experiment_learns_with_the_buffer_and_reloads_it(name, args):
+    """SRL's actor worker (actor-critic policy, inline inference) -> its zmq stream on 127.0.0.1 -> its trainer
+    worker with SRL's PPO, on a 1-D corridor, 4,000 environment steps (tests/integrations/srl_experiment.py, in a
+    subprocess: it patches what SRL needs on Python 3.11 for its process only). SRL's own buffers are the reference
+    run. The trained policy must beat a random one (success 0.33) by 0.3; SRL's ``save_buffer_on_exit`` then
+    ``load_buffer_on_restart`` must bring back a buffer of the same class and size."""
+    import json
+    import re
+    import subprocess
+
+    script = Path(__file__).with_name("srl_experiment.py")
+    cmd = [sys.executable, str(script), "--buffer", name, "--buffer-args", json.dumps(args), "--env-steps", "4000",
+           "--trainer-steps", "60", "--max-seconds", "240", "--require-gain", "0.3", "--save-buffer"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env={**os.environ, "CONDUIT_SRL_SRC": SRC})
+    out = done.stdout
+    assert done.returncode == 0, f"{name}:\n{out}\n{done.stderr[-4000:]}"
+    result = re.search(r"RESULT random_policy_return=([\d.]+) start_return=([\d.]+).* end_return=([\d.]+)", out)
+    assert result is not None, out
+    rand, _, end = map(float, result.groups())
+    assert end >= rand + 0.3, out
+    reloaded = re.search(r"RELOADED (\S+) qsize=(\d+) saved_qsize=(\d+)", out)
+    assert reloaded is not None, out
+    assert reloaded.group(2) == reloaded.group(3), out
+    if name.startswith("conduit_"):
+        assert reloaded.group(1).startswith("conduit.integrations.srl."), out

@@ -191,10 +191,10 @@ class ConduitReplayBuffer:
                 view.copy_(v)
                 out[k] = view
             sample = self.layout.rebuild({k: blk.numpy() for k, blk in blocks.items()}, self.types.named_array)
-            with self._lock:
-                self._prepared[next(iter(blocks.values())).data_ptr()] = sample
-                while len(self._prepared) > PREPARED:
-                    self._prepared.popitem(last=False)
+            # no lock (a checkpoint holds ``_lock`` while it waits for this hook): one-call dict operations, and
+            self._prepared[next(iter(blocks.values())).data_ptr()] = sample  # an extra eviction only costs a rebuild
+            while len(self._prepared) > PREPARED:
+                self._prepared.popitem(last=False)
             learn_out.write(out)
 
     # -- SRL's buffer protocol -------------------------------------------------------------------
@@ -254,8 +254,7 @@ class ConduitReplayBuffer:
         info = batch.info
         sample = None
         if self.staging is not None:
-            with self._lock:
-                sample = self._prepared.pop(next(iter(batch.values())).data_ptr(), None)
+            sample = self._prepared.pop(next(iter(batch.values())).data_ptr(), None)
             self._guard.handed(list(batch.values()))
         if sample is None:  # a GPU learner's batch (tensors on its device), or a hook's batch evicted meanwhile
             sample = layout.rebuild({k: self._out(k, v) for k, v in batch.items()}, self.types.named_array)

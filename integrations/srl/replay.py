@@ -59,6 +59,7 @@ __all__ = ["ConduitPrioritizedReplay", "ConduitReplayBuffer", "SamplingIndices",
 #: samples built ahead by the delivery hook and not yet handed out, at most (the staging depth is one or two)
 PREPARED = 8
 
+
 class SamplingIndices(np.ndarray):
     """``ReplayEntry.sampling_indices``: the drawn slots (int64), carrying the batch's provenance for the priority
     update (``info``), so feedback lands on the transitions drawn, never on whatever holds those slots now."""

@@ -33,7 +33,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -41,6 +40,8 @@ import types
 from typing import ClassVar
 
 import numpy as np
+
+from conduit.distributed.launch import free_port  # 127.0.0.1 only
 
 ROOT = os.environ.get("CONDUIT_SRL_SRC", "")
 SRL_SRC = os.path.join(ROOT, "src") if os.path.isdir(os.path.join(ROOT, "src", "rlsrl")) else ROOT
@@ -120,7 +121,7 @@ def import_srl(workdir):
     worker_base.wandb = Wandb("wandb")
 
     parameter_db.PytorchFilesystemParameterDB.ROOT = os.path.join(workdir, "param_db")  # not ~/marl_checkpoints
-    trainer_worker.find_free_port = lambda: free_local_port()  # SRL's binds ('', 0)
+    trainer_worker.find_free_port = free_port  # SRL's binds ('', 0): every interface
 
     # The trainer's GPU thread always builds a 1-rank DDP group with init_method tcp://<host ip>:<port>;
     # use a FileStore in the temp dir instead of a TCPStore listening on all interfaces.
@@ -147,12 +148,6 @@ def import_srl(workdir):
                 return ready
 
         mappo.PyTorchGPUPrefetcher = CPUPrefetcher  # mappo builds PyTorchGPUPrefetcher() unconditionally
-
-
-def free_local_port():
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- toy environment
@@ -289,7 +284,7 @@ def run(args, workdir):
     from rlsrl.system.impl.trainer_worker import TrainerWorker
     Corridor = make_corridor_class()
 
-    actor_cfg, trainer_cfg = make_configs(args.buffer, json.loads(args.buffer_args), free_local_port())
+    actor_cfg, trainer_cfg = make_configs(args.buffer, json.loads(args.buffer_args), free_port())
     trainer_cfg.save_buffer_on_exit = args.save_buffer
     t0 = time.monotonic()
     trainer = TrainerWorker()
@@ -325,7 +320,7 @@ def run(args, workdir):
         import rlsrl.base.name_resolve as name_resolve
         name_resolve.reset()  # what a restarted experiment finds: none of the exited workers' names
         restarted = TrainerWorker()  # the same experiment and trial (so the same parameter DB), a fresh stream port
-        _, again = make_configs(args.buffer, json.loads(args.buffer_args), free_local_port())
+        _, again = make_configs(args.buffer, json.loads(args.buffer_args), free_port())
         again.load_buffer_on_restart = True
         restarted.configure(again)
         restarted._poll()  # the GPU thread's setup loads the buffer from the parameter DB

@@ -42,7 +42,7 @@ Data = Mapping[str, torch.Tensor | np.ndarray]
 _DTYPE_NAMES: dict[str, torch.dtype] = {
     str(dt).removeprefix("torch."): dt
     for dt in (
-        torch.float16, torch.bfloat16, torch.float32, torch.float64,
+        torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128,
         torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool,
     )
 }

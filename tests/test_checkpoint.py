@@ -79,6 +79,21 @@ def test_restore_into_another_placement_keeps_every_row(tmp_path):
         assert [restored.pull()["tid"].tolist() for _ in range(5)] == expected
 
 
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128, torch.bfloat16, torch.bool, torch.int8])
+def test_every_dtype_a_push_accepts_comes_back_from_a_checkpoint(tmp_path, dtype):
+    data = transitions(8)
+    data["extra"] = (torch.randn(8, 3, dtype=dtype if dtype.is_complex else torch.float64) * 4).to(dtype)
+    with make() as a:
+        a.push(data)
+        a.flush()
+        a.save(tmp_path / "ckpt")
+        before = a.buffer.contents()
+    with Conduit.from_checkpoint(tmp_path / "ckpt") as b:
+        after = b.buffer.contents()
+        assert after["extra"].dtype == dtype
+        assert all(torch.equal(before[k], after[k]) for k in before)
+
+
 def test_a_failure_mid_save_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
     with make() as a:
         drive(a, range(6), [])

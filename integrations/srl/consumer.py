@@ -119,7 +119,7 @@ def find_stream(module: str | ModuleType | None = None) -> ModuleType:
     for name in (module,) if module else STREAM_MODULES:
         try:
             mod = importlib.import_module(name)
-        except Exception as e:  # rlsrl's api.config does not import on Python >= 3.11 (a known incompatibility of SRL's config module)
+        except Exception as e:  # SRL's api.config needs Python 3.10's dataclass rules (docs/srl.md, Limits)
             reasons.append(f"{name}: {type(e).__name__}: {e}")
             continue
         if hasattr(mod, "make_consumer") and hasattr(mod, "SampleConsumer"):

@@ -21,8 +21,8 @@ import torch
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
 
-from conduit.integrations.verl.sampler import ConduitAdmissionBuffer  # noqa: E402
-from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync  # noqa: E402
+from conduit.integrations.verl.sampler import ConduitAdmissionBuffer
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 
 N = 2  # rollout.n
 KW = {"group_size": N, "mini_batch_groups": 1, "dp_size": 2, "batch_groups": 4, "poll_interval": 0.01,
@@ -235,7 +235,7 @@ def trainer_steps(tq, make, mode: str, sync_steps: int, steps: int = 2) -> list:
         return {}
 
     def step_once(metrics: dict, timing_raw: dict, sample_batch_size: int):
-        batch, m = tr.replay_buffer.sample(tr.global_steps, "train", sample_batch_size)
+        batch, _ = tr.replay_buffer.sample(tr.global_steps, "train", sample_batch_size)
         record.append((tr.global_steps, sorted({k.split("_")[0] for k in batch.keys})))
         first_back.set()
         return batch

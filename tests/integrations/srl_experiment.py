@@ -15,16 +15,16 @@ step happened, or, with ``--require-gain G``, if the end return is below the ran
 plus G. ``--save-buffer`` turns on ``save_buffer_on_exit`` and then starts a second trainer
 worker with ``load_buffer_on_restart`` from the same parameter DB, printing what it loaded.
 
-What SRL needs to run here (Python 3.11, a CPU build of torch), all patched at run time in
-this process only: Python 3.10's rule for dataclass defaults while SRL's modules import
-(3.11 rejects SRL's dataclass-instance defaults); ``gym`` as ``gymnasium``; a ``wandb``
-whose ``Settings`` takes SRL's ``start_method``; ``MARL_TESTING=1`` (one in-memory name
-registry for every worker, as SRL's own tests set); ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` (SRL's
-parameter DB calls ``torch.load`` with the default that was ``weights_only=False`` before torch
-2.6: without it a saved buffer, SRL's or Conduit's, never loads and SRL's read loop spins); the parameter DB in a temp dir; the
-trainer's one-rank DDP group over a file store (nothing listens on a network port but zmq
-and gloo on 127.0.0.1); without CUDA, ``pin_memory`` as the identity and a CPU
-``PyTorchGPUPrefetcher`` with its one-step-delayed ``push``.
+What SRL needs to run here (Python 3.11, a CPU build of torch), all patched at run time in this
+process only: Python 3.10's rule for dataclass defaults while SRL's modules import (3.11 rejects
+SRL's dataclass-instance defaults); ``gym`` as ``gymnasium``; a ``wandb`` whose ``Settings`` takes
+SRL's ``start_method``; ``MARL_TESTING=1`` (one in-memory name registry for every worker, as SRL's
+own tests set); ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` (SRL's parameter DB calls ``torch.load`` with
+the default that was ``weights_only=False`` before torch 2.6: without it a saved buffer, SRL's or
+Conduit's, never loads and SRL's read loop spins); the parameter DB in a temp dir; the trainer's
+one-rank DDP group over a file store (nothing listens on a network port but zmq and gloo on
+127.0.0.1); without CUDA, ``pin_memory`` as the identity and a CPU ``PyTorchGPUPrefetcher`` with its
+one-step-delayed ``push``.
 """
 import argparse
 import contextlib

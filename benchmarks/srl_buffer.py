@@ -39,6 +39,7 @@ repeats with their min–max.
 from __future__ import annotations
 
 import argparse
+import bisect
 import importlib
 import json
 import os
@@ -77,7 +78,8 @@ def srl_classes() -> tuple[Any, Any, Any, str]:
         buf = srl.find()
         na = importlib.import_module(buf.__name__.rpartition(".")[0] + ".namedarray")
         return buf.SimpleReplayBuffer, buf.PriorityQueueBuffer, na.NamedArray, f"SRL's own classes ({buf.__name__})"
-    return NotesReplay, NotesQueue, srl.NamedArray, "a reimplementation from SRL's documented protocol (no SRL checkout)"
+    label = "a reimplementation from SRL's documented protocol (no SRL checkout)"
+    return NotesReplay, NotesQueue, srl.NamedArray, label
 
 
 class NotesReplay:
@@ -132,8 +134,7 @@ class NotesQueue:
             [(k, None if v is None else np.stack([f[k] for f in flats], axis=1)) for k, v in flats[0].items()],
             srl.NamedArray,
         )
-        self.items.append(srl.ReplayEntry(self.reuses, time.time(), data))
-        self.items.sort()
+        bisect.insort(self.items, srl.ReplayEntry(self.reuses, time.time(), data))  # as SRL's: never mid-sort
         while len(self.items) > self.max_size:
             self.items.pop(0)
         return True
@@ -149,8 +150,7 @@ class NotesQueue:
         r.reuses_left -= 1
         r.reuses += 1
         if r.reuses_left > 0:
-            self.items.append(r)
-            self.items.sort()
+            bisect.insort(self.items, r)
         return r
 
 
@@ -194,16 +194,20 @@ class Stream:
     def __init__(self, buf: Any, next_sample: Callable[[], Any], limit_s: float = 120.0) -> None:
         self.buf, self.next_sample, self.limit_s = buf, next_sample, limit_s
         self.stop = threading.Event()
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="srl-stream", daemon=True)
 
     def _run(self) -> None:
         deadline = time.monotonic() + self.limit_s
-        while not self.stop.is_set() and time.monotonic() < deadline:
-            if self.buf.qsize() < 2:
-                for _ in range(B):
-                    self.buf.put(self.next_sample())
-            else:
-                time.sleep(2e-4)
+        try:
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                if self.buf.qsize() < 2:
+                    for _ in range(B):
+                        self.buf.put(self.next_sample())
+                else:
+                    time.sleep(2e-4)
+        except BaseException as e:  # re-raised on the trainer's side by __exit__
+            self.error = e
 
     def __enter__(self) -> Stream:
         self.thread.start()
@@ -212,6 +216,8 @@ class Stream:
     def __exit__(self, *exc: Any) -> None:
         self.stop.set()
         self.thread.join(60)
+        if self.error is not None:
+            raise RuntimeError("the stream thread failed") from self.error
 
 
 def trainer_loop(get: Callable[[], Any], update: Update, steps: int, prefetch: bool,

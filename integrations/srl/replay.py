@@ -51,7 +51,7 @@ from conduit.hooks import Reader, Writer
 
 from . import persist
 from .locate import SRLTypes, types_named
-from .samples import HOST_FIELDS, Layout
+from .samples import HOST_FIELDS, Layout, as_row, stack_rows
 from .staging import HandoffGuard, Staging
 
 __all__ = ["ConduitPrioritizedReplay", "ConduitReplayBuffer", "SamplingIndices", "prioritized_class"]
@@ -192,8 +192,10 @@ class ConduitReplayBuffer:
                 view.copy_(v)
                 out[k] = view
             sample = self.layout.rebuild({k: blk.numpy() for k, blk in blocks.items()}, self.types.named_array)
+            key = next(iter(blocks.values())).data_ptr()  # 0 for an empty block: no key, get() rebuilds
             # no lock (a checkpoint holds ``_lock`` while it waits for this hook): one-call dict operations, and
-            self._prepared[next(iter(blocks.values())).data_ptr()] = sample  # an extra eviction only costs a rebuild
+            if key:  # an extra eviction only costs a rebuild
+                self._prepared[key] = sample
             while len(self._prepared) > PREPARED:
                 self._prepared.popitem(last=False)
             learn_out.write(out)
@@ -218,15 +220,15 @@ class ConduitReplayBuffer:
         names = layout.numeric
         leaves = [layout.leaves(x) for x in xs]
         for lv in leaves:
-            t = _length(lv[names[0]])
+            t = int(lv[names[0]].shape[0])
             if t != layout.length:
                 raise RuntimeError(
                     f"the sample received has length {t} on axis 0, this buffer's samples have {layout.length}"
                 )
         if len(xs) == 1:
-            unit = {k: _row(leaves[0][k]) for k in names}
+            unit = {k: as_row(leaves[0][k]) for k in names}
         else:
-            unit = {k: _stack([lv[k] for lv in leaves]) for k in names}
+            unit = {k: stack_rows([lv[k] for lv in leaves]) for k in names}
         edp.push(unit)
         return len(xs)
 
@@ -293,6 +295,7 @@ class ConduitReplayBuffer:
         """Stop the runtime's workers (idempotent). SRL never closes a buffer; its process exit does."""
         if self.edp is not None:
             self.edp.close()
+        self._prepared.clear()  # samples of batches never handed out: their staging memory goes back
 
     def stats(self) -> conduit.RuntimeStats | None:
         return self.edp.stats() if self.edp is not None else None
@@ -486,15 +489,3 @@ def _positive(**values: int) -> None:
     for name, v in values.items():
         if not isinstance(v, (int, np.integer)) or v <= 0:
             raise ConfigError(f"{name}: expected a positive int, got {v!r}")
-
-
-def _length(v: Any) -> int:
-    return int(v.shape[0])
-
-
-def _row(v: Any) -> Any:
-    return v.unsqueeze(0) if isinstance(v, torch.Tensor) else np.asarray(v)[None]
-
-
-def _stack(vs: list[Any]) -> Any:
-    return torch.stack(vs) if isinstance(vs[0], torch.Tensor) else np.stack(vs)

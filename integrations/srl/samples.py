@@ -27,7 +27,7 @@ import torch
 
 from conduit.errors import SpecError
 
-__all__ = ["HOST_FIELDS", "Layout", "build", "conform", "flatten", "is_numeric", "unify"]
+__all__ = ["HOST_FIELDS", "Layout", "as_row", "build", "conform", "flatten", "is_numeric", "stack_rows", "unify"]
 
 #: fields a GPU learner still gets as host numpy: SRL's trainer filters stale samples with numpy on them
 HOST_FIELDS = ("policy_version_steps",)
@@ -198,3 +198,13 @@ class Layout:
     def rebuild(self, leaves: Mapping[str, Any], cls: Callable[..., Any]) -> Any:
         """A ``cls`` sample from leaves by name (``None`` leaves filled in)."""
         return build([(k, None if k in self.none else leaves[k]) for k in self.names], cls)
+
+
+def as_row(v: Any) -> Any:
+    """One sample's leaf as a row of one (a leading axis of 1)."""
+    return v.unsqueeze(0) if isinstance(v, torch.Tensor) else np.asarray(v)[None]
+
+
+def stack_rows(vs: list[Any]) -> Any:
+    """Samples' leaves stacked on a new leading axis (one row each)."""
+    return torch.stack(vs) if isinstance(vs[0], torch.Tensor) else np.stack(vs)

@@ -64,11 +64,14 @@ def test_on_policy_plan_is_disjoint_and_complete(rows, m, learners):
 
 
 def test_row_layout_views_round_trip_every_dtype():
-    spec = ExperienceSpec.of(obs=((3,), "float32"), a=((), "int64"), done=((), "bool"), h=((2, 2), "float16"))
+    spec = ExperienceSpec.of(obs=((3,), "float32"), a=((), "int64"), done=((), "bool"), h=((2, 2), "float16"),
+                             z=((), "complex128"))  # after fields of 8-byte multiples: needs 16-byte alignment
     layout = RowLayout.of(spec, meta=True)
     buf = torch.zeros(layout.block_bytes(5) + layout.block_bytes(3), dtype=torch.uint8)
     first = layout.views(buf, 0, 5)
-    assert all(v.data_ptr() % 8 == 0 for v in first.values())
+    assert all(v.data_ptr() % 16 == 0 for v in first.values())
+    first["z"].copy_(torch.arange(5) * (1 + 1j))
+    assert layout.views(buf, 0, 5)["z"].tolist() == [k * (1 + 1j) for k in range(5)]
     first["obs"].copy_(torch.arange(15, dtype=torch.float32).view(5, 3))
     first["done"].copy_(torch.tensor([True, False, True, False, True]))
     first[META_SLOT].copy_(torch.arange(5))

@@ -308,6 +308,9 @@ def run(args, workdir):
     version = trainer.gpu_thread._GPUThread__trainer.policy.version  # = PPO updates done
     trainer.exit()  # SRL's shutdown: saves the buffer if asked, stops the GPU thread
     actor.exit()
+    import torch.distributed as dist
+    if dist.is_initialized():  # the trainer's one-rank DDP group, which SRL leaves to its process's exit
+        dist.destroy_process_group()
 
     w = min(args.window, len(returns) // 2)
     start, end, rand = np.mean(returns[:w]), np.mean(returns[-w:]), random_policy_return()

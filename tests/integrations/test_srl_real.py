@@ -332,6 +332,10 @@ def test_a_real_srl_experiment_learns_with_the_buffer_and_reloads_it(name, args)
     assert end >= rand + 0.3, out
     reloaded = re.search(r"RELOADED (\S+) qsize=(\d+) saved_qsize=(\d+)", out)
     assert reloaded is not None, out
-    assert reloaded.group(2) == reloaded.group(3), out
+    loaded, live = int(reloaded.group(2)), int(reloaded.group(3))
+    if "queue" in name:  # SRL saves, then stops its trainer thread, which may take an entry meanwhile
+        assert loaded >= live, out
+    else:  # a replay buffer's get takes nothing out
+        assert loaded == live > 0, out
     if name.startswith("conduit_"):
         assert reloaded.group(1).startswith("conduit.integrations.srl."), out

@@ -323,7 +323,9 @@ class Conduit:
         """Hold both paths still between invocations (checkpoints capture this point).
 
         Units pushed but not yet ingested stay queued (a checkpoint saves them),
-        so capturing the state does not change when anything is ingested.
+        so capturing the state does not change when anything is ingested. ``save``
+        and ``state_dict`` may be called inside (by the same thread): they capture
+        the point held, so a framework's own bookkeeping read in the block matches it.
         """
         self._ensure_started()
         assert self.ingestion is not None and self.delivery is not None

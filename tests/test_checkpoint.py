@@ -254,6 +254,28 @@ def test_save_under_load_is_a_consistent_point(tmp_path):
         t.join()
 
 
+def test_a_save_inside_quiesced_captures_the_point_the_caller_holds(tmp_path):
+    """A framework reads its own bookkeeping inside ``quiesced()`` and saves there: the pause is re-entrant for
+    its thread (no deadlock), no invocation runs until the block ends, and pulls of staged batches still work."""
+    edp = make(pinned=Schedule(Mode(True, 1), Mode(True, 1)), timeout_s=2.0)
+    with edp:
+        edp.push(transitions(16))
+        edp.flush()
+        edp.pull()
+        deadline = time.monotonic() + 2.0
+        while not edp.delivery.staged[0] and time.monotonic() < deadline:  # the worker stages the next batch
+            time.sleep(0.005)
+        with edp.quiesced():
+            invocations = edp.stats().delivery_invocations
+            edp.save(tmp_path / "ckpt")
+            edp.state_dict()
+            edp.pull()  # the batch the worker staged before the pause
+            time.sleep(0.05)
+            assert edp.stats().delivery_invocations == invocations  # the worker stays still
+        edp.pull()  # and resumes after the block
+    assert read_manifest(tmp_path / "ckpt")[1]["policy"] == "off_policy"
+
+
 def test_a_push_while_the_queue_is_saved_lands_after_the_checkpoint(tmp_path, monkeypatch):
     """Pushes go on queueing while a save holds ingestion still, so the save copies the queue at one point:
     it once iterated the live queue and failed with "deque mutated during iteration" under a pushing actor."""

@@ -74,6 +74,7 @@ class DataPath(ABC):
         #: and whoever pauses the path holds them all
         self._invoke_locks = [threading.Lock() for _ in range(lanes)]
         self._paused = False
+        self._pauser: int | None = None  # the thread holding the pause: it may pause again inside (re-entrant)
         self._working = 0  # worker invocations in flight
         self.worker: Worker | None = None
         self.graph = Graph(self.name, operators, tracer)
@@ -149,7 +150,15 @@ class DataPath(ABC):
 
     @contextlib.contextmanager
     def paused(self, timeout: float | None = None) -> Iterator[None]:
-        """No invocation runs inside this block (pushes still queue; staged batches can still be pulled)."""
+        """No invocation runs inside this block (pushes still queue; staged batches can still be pulled).
+
+        Re-entrant for the thread that holds it: a checkpoint taken inside
+        :meth:`~conduit.Conduit.quiesced` captures the point the caller holds (an adapter reads its own
+        bookkeeping there, beside the runtime's state).
+        """
+        if self._pauser == threading.get_ident():
+            yield
+            return
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         with self._all_invocations(timeout, f"pause {self.name}"):  # no inline invocation starts
@@ -161,10 +170,12 @@ class DataPath(ABC):
                 except BaseException:
                     self._paused = False
                     raise
+            self._pauser = threading.get_ident()
             try:
                 yield
             finally:
                 with self.cond:
+                    self._pauser = None
                     self._paused = False
                     self.cond.notify_all()
 

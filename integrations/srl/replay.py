@@ -58,6 +58,9 @@ __all__ = ["ConduitPrioritizedReplay", "ConduitReplayBuffer", "SamplingIndices",
 
 #: samples built ahead by the delivery hook and not yet handed out, at most (the staging depth is one or two)
 PREPARED = 8
+#: the column the delivery hook adds to a uniform replay's batch: each drawn sample's replay count before this
+#: draw. A batch staged when a checkpoint is taken carries it, so a restored one is not counted twice.
+REUSES = "_conduit_reuses"
 
 
 class SamplingIndices(np.ndarray):
@@ -114,7 +117,8 @@ class ConduitReplayBuffer:
             sample_length=sample_length, batch_length=batch_length, learner_device=learner_device,
             timeout_s=timeout_s, conduit_config=self.conduit_config,
         )
-        self._lock = threading.Lock()  # the adapter's own bookkeeping; the runtime locks itself
+        # the adapter's own bookkeeping (replay counts); held briefly, never while waiting on the runtime
+        self._lock = threading.Lock()
         self.layout: Layout | None = None
         self.edp: conduit.Conduit | None = None
         self.staging = Staging() if self.learner_device.type == "cpu" else None
@@ -122,8 +126,8 @@ class ConduitReplayBuffer:
         self._times = np.zeros(self.max_size, dtype=np.int64)  # replay count of the sample in each slot
         self._gens = np.full(self.max_size, -1, dtype=np.int64)  # the transition id those counts belong to
         self._handed: deque[BatchInfo] = deque(maxlen=64)
-        # samples the delivery hook built for the batches it staged, by their first block's address (bounded)
-        self._prepared: OrderedDict[int, Any] = OrderedDict()
+        # (sample, reuses) the delivery hook built for the batches it staged, by their first block's address (bounded)
+        self._prepared: OrderedDict[int, tuple[Any, float | None]] = OrderedDict()
 
     # -- the runtime, made at the first put (the sample length is known then) -------------------
     def _config(self, layout: Layout) -> conduit.ConduitConfig:
@@ -178,11 +182,14 @@ class ConduitReplayBuffer:
     def _time_major(self, exp_in: Reader, learn_out: Writer) -> None:
         """Delivery hook: each batch of ``[B, T, ...]`` rows into a ``[T, B, ...]`` staging block, written as the
         block's ``[B, T, ...]`` transposed view (one output row per input row, as a delivery hook must); and the
-        batch's SRL sample, built here while the trainer updates, not by ``get`` on the trainer thread."""
+        batch's SRL sample and (uniform replay) its replay counts, made here while the trainer updates, not by
+        ``get`` on the trainer thread. Uniform replay counts at the draw, as SRL does; this hook runs the draws
+        in their order, so the counts are SRL's."""
         data = exp_in.read()
         assert self.staging is not None and self.layout is not None
         b = self.batch_size
         rows = next(iter(data.values())).shape[0]
+        indices, ids = exp_in.info["indices"], exp_in.info["ids"]
         for start in range(0, rows, b):
             part = {k: v[start : start + b] for k, v in data.items()}
             blocks = self.staging.take({k: ((v.shape[1], v.shape[0], *v.shape[2:]), v.dtype) for k, v in part.items()})
@@ -192,10 +199,15 @@ class ConduitReplayBuffer:
                 view.copy_(v)
                 out[k] = view
             sample = self.layout.rebuild({k: blk.numpy() for k, blk in blocks.items()}, self.types.named_array)
+            reuses = None
+            if not self.prioritized:  # SRL counts a prioritized replay at its feedback, on the trainer thread
+                before = self._tally(indices[start : start + b], ids[start : start + b], True)
+                out[REUSES] = torch.from_numpy(before)
+                reuses = float(before.mean())
             key = next(iter(blocks.values())).data_ptr()  # 0 for an empty block: no key, get() rebuilds
-            # no lock (a checkpoint holds ``_lock`` while it waits for this hook): one-call dict operations, and
-            if key:  # an extra eviction only costs a rebuild
-                self._prepared[key] = sample
+            # one-call dict operations (the trainer thread pops), and an extra eviction only costs a rebuild
+            if key:
+                self._prepared[key] = (sample, reuses)
             while len(self._prepared) > PREPARED:
                 self._prepared.popitem(last=False)
             learn_out.write(out)
@@ -255,13 +267,17 @@ class ConduitReplayBuffer:
             raise queue.Empty("the Conduit SRL buffer has not reached warmup_transitions yet")
         batch = edp.pull(timeout=self.timeout_s)
         info = batch.info
-        sample = None
+        sample = reuses = None
         if self.staging is not None:
-            sample = self._prepared.pop(next(iter(batch.values())).data_ptr(), None)
+            sample, reuses = self._prepared.pop(next(iter(batch.values())).data_ptr(), (None, None))
             self._guard.handed(list(batch.values()))
-        if sample is None:  # a GPU learner's batch (tensors on its device), or a hook's batch evicted meanwhile
-            sample = layout.rebuild({k: self._out(k, v) for k, v in batch.items()}, self.types.named_array)
-        reuses = self._count(info)
+        if sample is None:  # a GPU learner's batch (tensors on its device), a restored or an evicted one
+            sample = layout.rebuild({k: self._out(k, batch[k]) for k in layout.numeric}, self.types.named_array)
+        counted = batch.get(REUSES)
+        if reuses is None and counted is not None:  # counted by the hook at the draw
+            reuses = float(counted.double().mean())
+        elif reuses is None:  # PER (counted at its feedback), or no hook ran (a GPU learner)
+            reuses = self._count(info)
         indices = self._annotate(sample, info)
         return self.types.replay_entry(
             reuses_left=-1, receive_time=-1, sample=sample, reuses=reuses, sampling_indices=indices
@@ -276,16 +292,24 @@ class ConduitReplayBuffer:
         return tm.contiguous()
 
     def _count(self, info: BatchInfo) -> float:
-        slots, ids = info.indices, info.ids
+        """``get``'s count where the hook made none: the mean replay count of the drawn samples."""
+        reuses = float(self._tally(info.indices, info.ids, not self.prioritized).mean())
+        if self.prioritized:
+            with self._lock:
+                self._handed.append(info)
+        return reuses
+
+    def _tally(self, slots: np.ndarray, ids: np.ndarray, draw: bool) -> np.ndarray:
+        """Each drawn slot's replay count (a slot overwritten since it was counted starts at 0); ``draw``: count
+        this draw too (SRL counts a uniform replay at the draw, a prioritized one at its feedback)."""
         with self._lock:
             fresh = self._gens[slots] != ids
             self._times[slots[fresh]] = 0
             self._gens[slots[fresh]] = ids[fresh]
-            reuses = float(self._times[slots].mean())
-            if not self.prioritized:  # SRL counts a uniform replay at the draw, a prioritized one at its feedback
+            before = self._times[slots]
+            if draw:
                 self._times[slots] += 1  # fancy-index ``+=``: a slot drawn twice in one batch counts once, as in SRL
-            self._handed.append(info)
-        return reuses
+        return before
 
     def _annotate(self, sample: Any, info: BatchInfo) -> SamplingIndices | None:
         return None
@@ -312,8 +336,11 @@ class ConduitReplayBuffer:
         edp = self.edp
         blob = None
         if edp is not None:
-            with self._lock:
-                blob = (persist.checkpoint_bytes(edp, self.timeout_s), self._adapter_state())
+            # the counts at the runtime's checkpoint point: the hook that changes them is held still there
+            with edp.quiesced(self.timeout_s):
+                with self._lock:
+                    state = self._adapter_state()
+                blob = (persist.checkpoint_bytes(edp, self.timeout_s), state)
         module = self.types.module.__name__ if self.types.module is not None else None
         return (_rebuild, (type(self).NAME, self._kwargs, blob, module))
 
@@ -323,10 +350,10 @@ class ConduitReplayBuffer:
             raise SemanticsError("resume into a fresh buffer (this one already holds samples)")
         layout: Layout = state["layout"]
         self.layout = layout  # before the runtime: its delivery hook lays batches out by it
+        self._load_adapter_state(state)  # and counts on these; PER's beta is the sampler's from the start
         edp = self._runtime(layout)
         persist.restore_into(edp, files)
         self.layout, self.edp, self.sample_length = layout, edp, layout.length
-        self._load_adapter_state(state)
 
     def __repr__(self) -> str:
         return (
@@ -451,7 +478,6 @@ class ConduitPrioritizedReplay(ConduitReplayBuffer):
         super()._load_adapter_state(state)
         self.training_steps = int(state["training_steps"])
         self.beta = float(state["beta"])
-        self._replay().set_beta(self.beta)
 
 
 _classes: weakref.WeakKeyDictionary[type[Any], type[Any]] = weakref.WeakKeyDictionary()

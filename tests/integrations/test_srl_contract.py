@@ -24,8 +24,8 @@ import time
 import numpy as np
 import pytest
 from conduit.integrations import srl
-from conduit.integrations.srl import protocol
 from conduit.integrations.srl.install import ORIGINAL
+from conduit.integrations.srl.locate import types_of
 
 import conduit
 
@@ -59,8 +59,12 @@ def made(module):
 
 
 def _types(module):
-    return (stub.ReplayEntry, stub.NamedArray, stub.PrioritizedReplayBuffer) if module is not None else (
-        protocol.ReplayEntry, protocol.NamedArray, protocol.PrioritizedReplayBuffer)
+    """The types a buffer of ``module`` hands out; without one, the loaded SRL's (an opt-in real test earlier in
+    the session may have loaded it), else the stand-ins."""
+    if module is not None:
+        return stub.ReplayEntry, stub.NamedArray, stub.PrioritizedReplayBuffer
+    t = types_of()
+    return t.replay_entry, t.named_array, t.prioritized_base
 
 
 # -- entries and batching -----------------------------------------------------------------------------------------
@@ -473,7 +477,7 @@ def test_find_reports_what_it_tried():
 
 # -- samples as SRL's actors post them: nested records, None leaves, the policy fields -----------------------------
 def _named_type(module):
-    return stub.NamedArray if module is not None else protocol.NamedArray
+    return _types(module)[1]
 
 
 def _leaf_shapes(x):
@@ -597,6 +601,24 @@ def test_uniform_replay_counts_a_slot_drawn_twice_in_one_batch_once(made):
         saw_duplicate |= len(set(ids.tolist())) < len(ids)
         counts[np.unique(ids)] += 1
     assert saw_duplicate  # Conduit's uniform draw is with replacement: the case occurred
+
+
+def test_uniform_replay_counts_match_after_a_pickle_taken_while_the_next_batch_is_staged(made):
+    """The delivery hook counts each draw as it stages it: a pickle carries the staged batch and counts at one
+    point, so the copy hands out the same batches with the same ``reuses`` as the original."""
+    buf = made("conduit_replay", max_size=6, batch_size=3, warmup_transitions=0, seed=3)
+    for i in range(6):
+        buf.put(sample(i))
+    for _ in range(6):
+        buf.get()  # the worker stages the next batch meanwhile
+        back = pickle.loads(pickle.dumps(buf))
+        try:
+            for _ in range(3):
+                a, b = buf.get(), back.get()
+                assert ids_of(b.sample).tolist() == ids_of(a.sample).tolist()
+                assert b.reuses == a.reuses
+        finally:
+            back.close()
 
 
 def test_uniform_replay_gathers_the_next_batch_beside_the_update_and_per_on_a_cpu_after_feedback(made):

@@ -15,7 +15,7 @@ registers them under new buffer names by wrapping SRL's ``make_buffer``::
 - ``conduit_replay`` / ``conduit_prioritized``: uniform and prioritized replay over a
   :class:`conduit.Conduit` runtime; the prioritized one is an SRL
   ``PrioritizedReplayBuffer``, so priority feedback reaches Conduit's generation-checked
-  ``update_priorities`` (:mod:`.replay`).
+  ``update_priorities`` (:mod:`.replay`, :mod:`.prioritized`).
 
 :class:`ConduitSampleConsumer` feeds what one ``consume_to`` reads into a Conduit
 buffer in one push (:mod:`.consumer`). Entries and samples are SRL's own
@@ -33,8 +33,9 @@ from __future__ import annotations
 from .consumer import ConduitSampleConsumer, consumer_class, install_consumers
 from .install import BUFFER_NAMES, Installation, install, installed, make, uninstall
 from .locate import BUFFER_MODULES, SRLTypes, find, loaded, types_of
+from .prioritized import ConduitPrioritizedReplay, SamplingIndices, prioritized_class
 from .protocol import NamedArray, ReplayEntry
-from .replay import ConduitPrioritizedReplay, ConduitReplayBuffer, SamplingIndices, prioritized_class
+from .replay import ConduitReplayBuffer
 from .reuse_queue import ConduitQueueBuffer
 from .staging import HandoffGuard, Staging
 

@@ -29,7 +29,8 @@ from types import ModuleType
 from typing import Any
 
 from .locate import find, types_of
-from .replay import ConduitPrioritizedReplay, ConduitReplayBuffer, prioritized_class
+from .prioritized import ConduitPrioritizedReplay, prioritized_class
+from .replay import ConduitReplayBuffer
 from .reuse_queue import ConduitQueueBuffer
 
 __all__ = ["BUFFER_NAMES", "Installation", "install", "installed", "make", "prioritized_class", "uninstall"]

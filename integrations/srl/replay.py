@@ -1,4 +1,4 @@
-"""``conduit_replay`` and ``conduit_prioritized``: SRL's replay buffers with Conduit's runtime inside.
+"""``conduit_replay``: SRL's uniform replay buffer with Conduit's runtime inside (and the base of PER's).
 
 Outside, SRL's ``SimpleReplayBuffer`` / ``PrioritizedReplayBuffer`` as its trainer uses
 them: the same constructor arguments (``max_size``, ``batch_size``,
@@ -7,13 +7,9 @@ them: the same constructor arguments (``max_size``, ``batch_size``,
 ``[T, ...]`` sample, ``empty()`` until ``warmup_transitions`` transitions are stored,
 ``qsize()`` in transitions, and ``get()`` returning SRL's ``ReplayEntry`` with a
 time-major ``[T, B, ...]`` sample, ``reuses_left=-1``, ``receive_time=-1`` and
-``reuses`` = the mean replay count of the drawn samples (counted at ``get`` for
-uniform replay, at ``update_priorities`` for PER, as SRL counts them). PER adds
-``sampling_indices`` and the ``sampling_weight`` metadata, and the prioritized class
-is a subclass of SRL's ``PrioritizedReplayBuffer``, so the trainer's ``isinstance``
-gate sends priorities to :meth:`ConduitPrioritizedReplay.update_priorities`, which
-applies them through the runtime's generation-checked ``update_priorities``
-(priorities for samples overwritten since the draw are dropped).
+``reuses`` = the mean replay count of the drawn samples (counted at the draw for
+uniform replay, at ``update_priorities`` for PER, as SRL counts them). PER is
+:mod:`.prioritized`.
 
 Inside, a :class:`conduit.Conduit` off-policy runtime whose row is one SRL sample
 (every field ``[T, ...]``): the trainer thread's ``get()`` is a ``pull()`` and the
@@ -36,8 +32,8 @@ from __future__ import annotations
 import math
 import queue
 import threading
-import weakref
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -45,7 +41,6 @@ import torch
 
 import conduit
 from conduit.batch import BatchInfo
-from conduit.buffers.replay import ReplayBuffer
 from conduit.errors import ConfigError, SemanticsError, SpecError
 from conduit.hooks import Reader, Writer
 
@@ -54,28 +49,13 @@ from .locate import SRLTypes, types_named
 from .samples import HOST_FIELDS, Layout, as_row, stack_rows
 from .staging import HandoffGuard, Staging
 
-__all__ = ["ConduitPrioritizedReplay", "ConduitReplayBuffer", "SamplingIndices", "prioritized_class"]
+__all__ = ["CLASSES", "ConduitReplayBuffer", "positive"]
 
 #: samples built ahead by the delivery hook and not yet handed out, at most (the staging depth is one or two)
 PREPARED = 8
 #: the column the delivery hook adds to a uniform replay's batch: each drawn sample's replay count before this
 #: draw. A batch staged when a checkpoint is taken carries it, so a restored one is not counted twice.
 REUSES = "_conduit_reuses"
-
-
-class SamplingIndices(np.ndarray):
-    """``ReplayEntry.sampling_indices``: the drawn slots (int64), carrying the batch's provenance for the priority
-    update (``info``), so feedback lands on the transitions drawn, never on whatever holds those slots now."""
-
-    info: BatchInfo | None
-
-    def __new__(cls, slots: np.ndarray, info: BatchInfo | None) -> SamplingIndices:
-        obj = np.asarray(slots, dtype=np.int64).view(cls)
-        obj.info = info
-        return obj
-
-    def __array_finalize__(self, obj: Any) -> None:
-        self.info = getattr(obj, "info", None)
 
 
 class ConduitReplayBuffer:
@@ -98,7 +78,7 @@ class ConduitReplayBuffer:
         conduit_config: dict[str, Any] | None = None,
         srl_types: SRLTypes | None = None,
     ) -> None:
-        _positive(max_size=max_size, batch_size=batch_size)
+        positive(max_size=max_size, batch_size=batch_size)
         if warmup_transitions < 0:
             raise ConfigError(f"warmup_transitions: expected >= 0, got {warmup_transitions}")
         if batch_length is not None and sample_length is not None and batch_length != sample_length:
@@ -311,7 +291,8 @@ class ConduitReplayBuffer:
                 self._times[slots] += 1  # fancy-index ``+=``: a slot drawn twice in one batch counts once, as in SRL
         return before
 
-    def _annotate(self, sample: Any, info: BatchInfo) -> SamplingIndices | None:
+    def _annotate(self, sample: Any, info: BatchInfo) -> np.ndarray | None:
+        """PER's ``sampling_indices`` (and its weights as the sample's metadata); None for uniform replay."""
         return None
 
     # -- lifecycle and persistence ------------------------------------------------------------------
@@ -362,156 +343,22 @@ class ConduitReplayBuffer:
         )
 
 
-class ConduitPrioritizedReplay(ConduitReplayBuffer):
-    """``conduit_prioritized``: proportional PER (made an SRL ``PrioritizedReplayBuffer`` by :func:`.install.make`)."""
-
-    NAME: ClassVar[str] = "conduit_prioritized"
-    prioritized: ClassVar[bool] = True
-
-    def __init__(
-        self,
-        max_size: int,
-        sample_length: int,
-        batch_size: int,
-        warmup_transitions: int,
-        seed: int = 0,
-        burn_in_steps: int = 0,
-        alpha: float = 0.6,
-        beta: float = 0.4,
-        beta_scheduler: Any = None,
-        max_priority: float = 1.0,
-        priority_interpolation_eta: float | None = None,
-        **conduit_kw: Any,
-    ) -> None:
-        if alpha < 0:
-            raise ConfigError(f"alpha: expected >= 0, got {alpha}")
-        if not 0 < beta <= 1:
-            raise ConfigError(f"beta: expected 0 < beta <= 1, got {beta}")
-        if priority_interpolation_eta is not None:
-            raise ConfigError(
-                "priority_interpolation_eta: initial priorities from the sample's TD error are not supported by "
-                "conduit_prioritized (new samples get the maximum priority); use prioritized_replay_buffer for it"
-            )
-        if beta_scheduler is not None and getattr(beta_scheduler, "init_value", beta) != beta:
-            raise ConfigError(f"beta_scheduler.init_value={beta_scheduler.init_value} differs from beta={beta}")
-        if max_priority <= 0:
-            raise ConfigError(f"max_priority: expected > 0, got {max_priority}")
-        super().__init__(max_size, batch_size, warmup_transitions, seed, sample_length, sample_length, **conduit_kw)
-        self.alpha, self.beta, self.max_priority = alpha, beta, max_priority
-        self.beta_scheduler = beta_scheduler
-        self.burn_in_steps = burn_in_steps
-        self.training_steps = 0
-        self._kwargs.update(
-            burn_in_steps=burn_in_steps, alpha=alpha, beta=beta, beta_scheduler=beta_scheduler,
-            max_priority=max_priority,
-        )
-        del self._kwargs["batch_length"]
-
-    def _sampler_fields(self) -> dict[str, Any]:
-        # SRL's PER takes priorities > 0 as given: the smallest eps Conduit allows changes no draw
-        return {"sampler": "prioritized", "prioritized": conduit.PrioritizedReplay(
-            alpha=self.alpha, beta=self.beta, eps=1e-300)}
-
-    def _started(self, edp: conduit.Conduit) -> None:
-        # the sampler's initial running maximum (1.0 in Conduit and SRL alike), set on the runtime just started:
-        # ``self.edp`` is not yet assigned, and the first sample must already get this priority
-        if self.max_priority != 1.0:
-            self._replay(edp).restore_priorities(np.empty(0, np.int64), np.empty(0), self.max_priority)
-
-    def _replay(self, edp: conduit.Conduit | None = None) -> ReplayBuffer:
-        edp = edp if edp is not None else self.edp
-        buf = edp.buffer if edp is not None else None
-        if not isinstance(buf, ReplayBuffer):
-            raise SemanticsError("the Conduit SRL buffer has no replay ring yet (nothing was put)")
-        return buf
-
-    def _annotate(self, sample: Any, info: BatchInfo) -> SamplingIndices:
-        weights = np.asarray(info.weights, dtype=np.float32)
-        sample.register_metadata(sampling_weight=weights)
-        return SamplingIndices(info.indices, info)
-
-    def update_priorities(self, idxes: np.ndarray, priorities: Any) -> int:
-        """New priorities for a batch ``get()`` returned (``entry.sampling_indices``); returns how many applied."""
-        if isinstance(priorities, torch.Tensor):
-            priorities = priorities.detach().cpu().numpy()
-        pr = np.asarray(priorities, dtype=np.float64)
-        idx = np.asarray(idxes)
-        if idx.shape != (self.batch_size,) or pr.shape != (self.batch_size,):
-            raise ValueError(
-                f"update_priorities: expected indices and priorities of shape ({self.batch_size},), "
-                f"got {idx.shape} and {pr.shape}"
-            )
-        if not np.all(pr > 0):
-            raise ValueError("update_priorities: SRL's PER takes priorities > 0")
-        info = self._match(idxes)
-        edp = self.edp
-        assert edp is not None
-        applied = edp.update_priorities(info, pr)
-        with self._lock:
-            slots = info.indices
-            live = self._gens[slots] == info.ids
-            self._times[slots[live]] += 1  # fancy-index ``+=``: once per slot per batch, as in SRL
-            self.training_steps += 1
-            steps = self.training_steps
-        if self.beta_scheduler is not None:
-            self.beta = float(self.beta_scheduler.get(steps))
-            self._replay().set_beta(self.beta)
-        return applied
-
-    def _match(self, idxes: np.ndarray) -> BatchInfo:
-        info = getattr(idxes, "info", None)
-        if info is not None and np.array_equal(info.indices, idxes):
-            return info
-        with self._lock:  # indices that lost their provenance (copied, re-made): the newest batch they match
-            for cand in reversed(self._handed):
-                if np.array_equal(cand.indices, idxes):
-                    return cand
-        raise SemanticsError(
-            "update_priorities: these sampling_indices match no batch this buffer handed out recently; "
-            "pass the entry's own sampling_indices"
-        )
-
-    def _adapter_state(self) -> dict[str, Any]:
-        return {**super()._adapter_state(), "training_steps": self.training_steps, "beta": self.beta}
-
-    def _load_adapter_state(self, state: dict[str, Any]) -> None:
-        super()._load_adapter_state(state)
-        self.training_steps = int(state["training_steps"])
-        self.beta = float(state["beta"])
-
-
-_classes: weakref.WeakKeyDictionary[type[Any], type[Any]] = weakref.WeakKeyDictionary()
-_classes_lock = threading.Lock()
-
-
-def prioritized_class(types: SRLTypes) -> type[ConduitPrioritizedReplay]:
-    """``conduit_prioritized``'s class for ``types``: a subclass of their ``PrioritizedReplayBuffer`` (made once per
-    base), so SRL's trainer's ``isinstance`` gate routes priority feedback to it. SRL's ``__init__`` never runs."""
-    base = types.prioritized_base
-    with _classes_lock:
-        cls = _classes.get(base)
-        if cls is None:
-            cls = type(
-                "ConduitPrioritizedReplayBuffer", (ConduitPrioritizedReplay, base),
-                {"__module__": __name__, "__doc__": ConduitPrioritizedReplay.__doc__},
-            )
-            _classes[base] = cls
-        return cls
-
-
 def _rebuild(
     name: str, kwargs: dict[str, Any], blob: tuple[dict[str, bytes], dict[str, Any]] | None, module: str | None = None
 ) -> Any:
     """Unpickle: the class (an SRL subclass for PER) is resolved with the SRL types of the unpickling process."""
     types = types_named(module)
-    cls = prioritized_class(types) if name == ConduitPrioritizedReplay.NAME else ConduitReplayBuffer
-    buffer = cls(**kwargs, srl_types=types)
+    buffer = CLASSES[name](types)(**kwargs, srl_types=types)
     if blob is not None:
         buffer.resume(*blob)
     return buffer
 
 
-def _positive(**values: int) -> None:
+#: each buffer name's class for the SRL types of a process (:mod:`.prioritized` adds ``conduit_prioritized``)
+CLASSES: dict[str, Callable[[SRLTypes], type[Any]]] = {ConduitReplayBuffer.NAME: lambda types: ConduitReplayBuffer}
+
+
+def positive(**values: int) -> None:
     for name, v in values.items():
         if not isinstance(v, (int, np.integer)) or v <= 0:
             raise ConfigError(f"{name}: expected a positive int, got {v!r}")

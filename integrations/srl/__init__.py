@@ -30,6 +30,8 @@ never imports this package.
 
 from __future__ import annotations
 
+from conduit.memory import HandoffGuard, Staging
+
 from .consumer import ConduitSampleConsumer, consumer_class, install_consumers
 from .install import BUFFER_NAMES, Installation, install, installed, make, uninstall
 from .locate import BUFFER_MODULES, SRLTypes, find, loaded, types_of
@@ -37,7 +39,6 @@ from .prioritized import ConduitPrioritizedReplay, SamplingIndices, prioritized_
 from .protocol import NamedArray, ReplayEntry
 from .replay import ConduitReplayBuffer
 from .reuse_queue import ConduitQueueBuffer
-from .staging import HandoffGuard, Staging
 
 __all__ = [
     "BUFFER_MODULES",

@@ -184,6 +184,4 @@ def prioritized_class(types: SRLTypes) -> type[ConduitPrioritizedReplay]:
         return cls
 
 
-
-
 CLASSES[ConduitPrioritizedReplay.NAME] = prioritized_class

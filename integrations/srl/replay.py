@@ -16,7 +16,7 @@ Inside, a :class:`conduit.Conduit` off-policy runtime whose row is one SRL sampl
 stream thread's ``put()`` a ``push()``, both thread-safe. For a host learner
 (``learner_device="cpu"``: the trainer's own prefetcher copies to its GPU) a
 delivery hook lays each batch out time-major in pinned, recycled staging memory
-(:mod:`.staging`), on Conduit's delivery worker, overlapping the trainer's update (the
+(:class:`conduit.memory.Staging`), on Conduit's delivery worker, overlapping the trainer's update (the
 default for uniform replay everywhere, and for PER where CUDA is available: on a CPU, PER
 draws each batch after the previous batch's feedback, as SRL's trainer thread does); for a
 GPU learner Conduit gathers straight onto the device and the sample's fields are tensors there.
@@ -43,11 +43,11 @@ import conduit
 from conduit.batch import BatchInfo
 from conduit.errors import ConfigError, SemanticsError, SpecError
 from conduit.hooks import Reader, Writer
+from conduit.memory import HandoffGuard, Staging
 
 from . import persist
 from .locate import SRLTypes, types_named
 from .samples import HOST_FIELDS, Layout, as_row, stack_rows
-from .staging import HandoffGuard, Staging
 
 __all__ = ["CLASSES", "ConduitReplayBuffer", "positive"]
 

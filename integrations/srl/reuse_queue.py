@@ -15,7 +15,7 @@ SRL's semantics, kept exactly (docs/srl.md, Guarantees):
   arrival is dropped (SRL is lossy by design under back-pressure; :attr:`dropped` counts).
 
 What changes is where the data is and who may call: the stack is written once into
-staging memory (:mod:`.staging`: pinned where CUDA is, so the trainer's
+staging memory (:class:`conduit.memory.Staging`: pinned where CUDA is, so the trainer's
 ``non_blocking`` copy is a real DMA, and recycled), on the stream thread that calls
 ``put`` — which overlaps the trainer thread by construction — and every method takes
 one lock, so the trainer thread's ``empty``/``get`` and the stream thread's ``put``
@@ -37,10 +37,11 @@ import numpy as np
 import torch
 
 from conduit.errors import ConfigError, SpecError
+from conduit.executor import StreamSet, handoff
+from conduit.memory import HandoffGuard, Staging
 
 from .locate import SRLTypes, types_named
 from .samples import HOST_FIELDS, build, conform, flatten, is_numeric, unify
-from .staging import HandoffGuard, Staging
 
 __all__ = ["ConduitQueueBuffer"]
 
@@ -85,7 +86,8 @@ class ConduitQueueBuffer:
         self.staging = Staging()
         self._guard = HandoffGuard()
         self._events: dict[int, torch.cuda.Event] = {}  # a GPU learner's entries: their device copy's event
-        self._stream = torch.cuda.Stream(self.learner_device) if self.learner_device.type == "cuda" else None
+        # a GPU learner's entries are copied to it on the core's side stream at put
+        self._stream = StreamSet(self.learner_device) if self.learner_device.type == "cuda" else None
 
     # -- SRL's buffer protocol -------------------------------------------------------------------
     def put(self, x: Any) -> bool:
@@ -195,23 +197,16 @@ class ConduitQueueBuffer:
         if self._stream is None:
             return {k: b.numpy() for k, b in blocks.items()}, None
         out: dict[str, Any] = {}
-        with torch.cuda.stream(self._stream):
+        with self._stream.active():
             for k, b in blocks.items():
                 out[k] = b.numpy() if k in HOST_FIELDS else b.to(self.learner_device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self._stream)
-        return out, event
+        return out, self._stream.record()
 
     def _hand_over(self, entry: Any, event: torch.cuda.Event | None) -> None:
         """The trainer thread receives ``entry``: its stream waits for the entry's device copy, or its pinned host
         blocks are guarded until the trainer's own prefetcher has copied them."""
         if self._stream is not None:
-            current = torch.cuda.current_stream(self.learner_device)
-            if event is not None:
-                current.wait_event(event)
-            for _, v in flatten(entry.sample):
-                if isinstance(v, torch.Tensor) and v.is_cuda:
-                    v.record_stream(current)
+            handoff({k: v for k, v in flatten(entry.sample) if isinstance(v, torch.Tensor) and v.is_cuda}, event)
         elif self.staging.pinned:
             self._guard.handed([v for _, v in flatten(entry.sample) if isinstance(v, np.ndarray)])
 

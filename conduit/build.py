@@ -92,7 +92,7 @@ def sampler(cfg: ConduitConfig) -> Sampler:
     assert cfg.capacity is not None
     if cfg.sampler is SamplerKind.PRIORITIZED:
         p = cfg.prioritized
-        return PrioritizedSampler(cfg.capacity, p.alpha, p.beta, p.eps)
+        return PrioritizedSampler(cfg.capacity, p.alpha, p.beta, p.eps, p.max_priority)
     return _SAMPLERS[cfg.sampler](cfg.capacity)
 
 

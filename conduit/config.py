@@ -117,6 +117,9 @@ class PrioritizedReplay(_Config):
     alpha: Annotated[float, Field(ge=0.0, description="priority exponent")] = 0.6
     beta: Annotated[float, Field(ge=0.0, le=1.0, description="importance-sampling exponent")] = 0.4
     eps: Annotated[float, Field(gt=0.0, description="added to |td error| so no priority is 0")] = 1e-6
+    max_priority: Annotated[
+        float, Field(gt=0.0, description="the running maximum priority new rows start at (raised by feedback)")
+    ] = 1.0
 
 
 class SchedulePin(_Config):

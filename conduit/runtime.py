@@ -280,18 +280,20 @@ class Conduit:
         assert self.ingestion is not None
         return self.ingestion.seal()
 
-    def update_priorities(self, batch: Batch | BatchInfo, priorities: Any) -> int:
+    def update_priorities(self, batch: Batch | BatchInfo, priorities: Any, *, beta: float | None = None) -> int:
         """Prioritized replay: new priorities (e.g. |TD error|) for a delivered batch's rows.
 
         Rows whose slot was overwritten since the batch was sampled are skipped
-        (generation check). Returns how many priorities were applied.
+        (generation check). Returns how many priorities were applied. ``beta``:
+        the importance-sampling exponent of the draws from now on, for a
+        framework that anneals it per training step (as RLlib and SRL do).
         """
         self._ensure_started()
         assert self.buffer is not None
         info = batch.info if isinstance(batch, Batch) else batch
         if isinstance(priorities, torch.Tensor):
             priorities = priorities.detach().to("cpu", torch.float64).numpy()
-        return self.buffer.update_priorities(info.indices, info.ids, np.asarray(priorities))
+        return self.buffer.update_priorities(info.indices, info.ids, np.asarray(priorities), beta=beta)
 
     def reschedule(self, schedule: Schedule, *, timeout: float | None = None) -> None:
         """Switch both paths to ``schedule`` while running (what the planner does after profiling).

@@ -255,3 +255,29 @@ def test_plan_split_is_numpy_array_split(n, k):
     ours, theirs = split(a, k), np.array_split(a, k)
     assert len(ours) == len(theirs) == k
     assert all(np.array_equal(x, y) for x, y in zip(ours, theirs))
+
+
+def test_new_rows_start_at_the_configured_max_priority_and_feedback_sets_beta_for_the_next_draws():
+    """What frameworks set through the runtime's face: SRL's ``max_priority`` as config, an annealed ``beta``
+    with each priority update (no setter on the buffer)."""
+    import torch
+
+    import conduit
+
+    edp = conduit.Conduit(policy="off_policy", train_batch_size=4, capacity=16, sampler="prioritized", seed=1,
+                          prioritized=conduit.PrioritizedReplay(alpha=0.5, beta=0.4, max_priority=4.0),
+                          pinned=conduit.SchedulePin(delivery_overlap=False))
+    with edp:
+        edp.push({"x": torch.arange(8.0)})
+        edp.flush()
+        leaves, top = edp.buffer.priorities_at(np.arange(8))
+        assert top == 4.0 and np.allclose(leaves, 2.0)
+        batch = edp.pull()
+        edp.update_priorities(batch, np.array([1.0, 2.0, 3.0, 4.0]), beta=1.0)
+        assert edp.buffer.sampler.beta == 1.0
+        nxt = edp.pull()
+        leaves, _ = edp.buffer.priorities_at(np.arange(8))
+        w = (8 * leaves / leaves.sum()) ** -1.0  # beta = 1 from this draw on
+        np.testing.assert_allclose(nxt.info.weights, (w / w.max())[nxt.info.indices], rtol=1e-5)
+        with pytest.raises(ValueError, match="beta"):
+            edp.update_priorities(nxt, np.ones(4), beta=1.5)

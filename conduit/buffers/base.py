@@ -122,8 +122,11 @@ class ExperienceBuffer(ABC):
         ingestion's condition: sealing notifies the delivery path); else :meth:`stored` will."""
 
     # -- replay state the learner feeds back -----------------------------------------
-    def update_priorities(self, indices: np.ndarray, ids: np.ndarray, priorities: np.ndarray) -> int:
-        """Prioritized replay: apply priorities where the slot still holds the sampled transition."""
+    def update_priorities(
+        self, indices: np.ndarray, ids: np.ndarray, priorities: np.ndarray, *, beta: float | None = None
+    ) -> int:
+        """Prioritized replay: apply priorities where the slot still holds the sampled transition; ``beta``: the
+        importance-sampling exponent of the draws after this feedback (a framework's annealing schedule)."""
         raise SemanticsError("update_priorities needs off-policy replay with sampler='prioritized'")
 
     # -- lifecycle -------------------------------------------------------------------

@@ -357,12 +357,19 @@ class ReplayBuffer(ExperienceBuffer):
             self.budget.unreserve(indices[self.table.ids[indices] == ids])
         self._notify(self.on_data)
 
-    def update_priorities(self, indices: np.ndarray, ids: np.ndarray, priorities: np.ndarray) -> int:
-        """Apply priorities where the slot still holds the sampled transition; returns how many applied."""
+    def update_priorities(
+        self, indices: np.ndarray, ids: np.ndarray, priorities: np.ndarray, *, beta: float | None = None
+    ) -> int:
+        """Apply priorities where the slot still holds the sampled transition; returns how many applied.
+        ``beta``: the importance-sampling exponent from the next draw on (annealed by the framework)."""
         if not self.sampler.has_priorities:
             raise SemanticsError("update_priorities needs off-policy replay with sampler='prioritized'")
         indices, ids, pr = checked_priorities(indices, ids, priorities)
+        if beta is not None and not 0.0 <= beta <= 1.0:
+            raise ValueError(f"beta: expected 0 <= beta <= 1, got {beta}")
         with self.lock:
+            if beta is not None:
+                self.sampler.beta = float(beta)  # type: ignore[attr-defined]
             live = self.table.ids[indices] == ids
             if np.any(live):
                 slots = indices[live]

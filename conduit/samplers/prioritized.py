@@ -28,13 +28,15 @@ class PrioritizedSampler(Sampler):
     name = "prioritized"
     has_priorities = True
 
-    def __init__(self, capacity: int, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6) -> None:
+    def __init__(
+        self, capacity: int, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6, max_priority: float = 1.0
+    ) -> None:
         super().__init__(capacity)
         self.alpha = alpha
         self.beta = beta
         self.eps = eps
         self.tree = SumTree(capacity)
-        self.max_priority = 1.0  # in |td| units, before ** alpha
+        self.max_priority = max_priority  # in |td| units, before ** alpha: what new rows start at
 
     def on_insert(self, slots: np.ndarray) -> None:
         self.tree.update(slots, np.full(len(slots), self.max_priority**self.alpha))

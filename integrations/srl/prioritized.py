@@ -21,7 +21,6 @@ import torch
 
 import conduit
 from conduit.batch import BatchInfo
-from conduit.buffers.replay import ReplayBuffer
 from conduit.errors import ConfigError, SemanticsError
 
 from .locate import SRLTypes
@@ -94,21 +93,9 @@ class ConduitPrioritizedReplay(ConduitReplayBuffer):
 
     def _sampler_fields(self) -> dict[str, Any]:
         # SRL's PER takes priorities > 0 as given: the smallest eps Conduit allows changes no draw
+        # (and new samples start at SRL's ``max_priority``, as SRL's running maximum does)
         return {"sampler": "prioritized", "prioritized": conduit.PrioritizedReplay(
-            alpha=self.alpha, beta=self.beta, eps=1e-300)}
-
-    def _started(self, edp: conduit.Conduit) -> None:
-        # the sampler's initial running maximum (1.0 in Conduit and SRL alike), set on the runtime just started:
-        # ``self.edp`` is not yet assigned, and the first sample must already get this priority
-        if self.max_priority != 1.0:
-            self._replay(edp).restore_priorities(np.empty(0, np.int64), np.empty(0), self.max_priority)
-
-    def _replay(self, edp: conduit.Conduit | None = None) -> ReplayBuffer:
-        edp = edp if edp is not None else self.edp
-        buf = edp.buffer if edp is not None else None
-        if not isinstance(buf, ReplayBuffer):
-            raise SemanticsError("the Conduit SRL buffer has no replay ring yet (nothing was put)")
-        return buf
+            alpha=self.alpha, beta=self.beta, eps=1e-300, max_priority=self.max_priority)}
 
     def _annotate(self, sample: Any, info: BatchInfo) -> SamplingIndices:
         weights = np.asarray(info.weights, dtype=np.float32)
@@ -131,17 +118,15 @@ class ConduitPrioritizedReplay(ConduitReplayBuffer):
         info = self._match(idxes)
         edp = self.edp
         assert edp is not None
-        applied = edp.update_priorities(info, pr)
         with self._lock:
             slots = info.indices
             live = self._gens[slots] == info.ids
             self._times[slots[live]] += 1  # fancy-index ``+=``: once per slot per batch, as in SRL
             self.training_steps += 1
             steps = self.training_steps
-        if self.beta_scheduler is not None:
+        if self.beta_scheduler is not None:  # SRL anneals beta at each feedback, for the draws after it
             self.beta = float(self.beta_scheduler.get(steps))
-            self._replay().set_beta(self.beta)
-        return applied
+        return edp.update_priorities(info, pr, beta=self.beta)
 
     def _match(self, idxes: np.ndarray) -> BatchInfo:
         info = getattr(idxes, "info", None)

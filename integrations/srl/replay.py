@@ -152,12 +152,8 @@ class ConduitReplayBuffer:
         self.layout = layout  # before the runtime: its delivery hook lays batches out by it
         edp = self._runtime(layout)
         edp.start()
-        self._started(edp)
         self.layout, self.edp, self.sample_length = layout, edp, layout.length
         self._kwargs["sample_length"] = layout.length
-
-    def _started(self, edp: conduit.Conduit) -> None:
-        """A hook for what a subclass sets on the started runtime."""
 
     def _time_major(self, exp_in: Reader, learn_out: Writer) -> None:
         """Delivery hook: each batch of ``[B, T, ...]`` rows into a ``[T, B, ...]`` staging block, written as the

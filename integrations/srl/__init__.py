@@ -30,7 +30,7 @@ never imports this package.
 
 from __future__ import annotations
 
-from conduit.memory import HandoffGuard, Staging
+from conduit.ext import HandoffGuard, Staging
 
 from .consumer import ConduitSampleConsumer, consumer_class, install_consumers
 from .install import BUFFER_NAMES, Installation, install, installed, make, uninstall

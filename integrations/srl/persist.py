@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import conduit
-from conduit.errors import CheckpointError
+from conduit import CheckpointError
 
 __all__ = ["checkpoint_bytes", "restore_into", "written"]
 

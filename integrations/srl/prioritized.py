@@ -20,8 +20,7 @@ import numpy as np
 import torch
 
 import conduit
-from conduit.batch import BatchInfo
-from conduit.errors import ConfigError, SemanticsError
+from conduit import BatchInfo, ConfigError, SemanticsError
 
 from .locate import SRLTypes
 from .replay import CLASSES, ConduitReplayBuffer

@@ -40,10 +40,8 @@ import numpy as np
 import torch
 
 import conduit
-from conduit.batch import BatchInfo
-from conduit.errors import ConfigError, SemanticsError, SpecError
-from conduit.hooks import Reader, Writer
-from conduit.memory import HandoffGuard, Staging
+from conduit import BatchInfo, ConfigError, Reader, SemanticsError, SpecError, Writer
+from conduit.ext import HandoffGuard, Staging
 
 from . import persist
 from .locate import SRLTypes, types_named

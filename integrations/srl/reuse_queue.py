@@ -36,9 +36,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from conduit.errors import ConfigError, SpecError
-from conduit.executor import StreamSet, handoff
-from conduit.memory import HandoffGuard, Staging
+from conduit import ConfigError, SpecError
+from conduit.ext import HandoffGuard, Staging, StreamSet, handoff
 
 from .locate import SRLTypes, types_named
 from .samples import HOST_FIELDS, build, conform, flatten, is_numeric, unify

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from conduit.errors import SpecError
+from conduit import SpecError
 
 __all__ = ["HOST_FIELDS", "Layout", "as_row", "build", "conform", "flatten", "is_numeric", "stack_rows", "unify"]
 

@@ -11,6 +11,8 @@ place it may import from (``tests/test_house.py`` checks every import of
   where CUDA is, recycled; :class:`HandoffGuard`; :class:`BatchMemory`);
 - the core's CUDA streams and their hand-off (:class:`StreamSet`, :func:`handoff`),
   so an adapter never makes a stream or an event of its own;
+- prefetch as a node (:class:`Prefetcher`): a framework's own iterator run ahead on
+  the core's worker, so an adapter never starts a thread of its own;
 - the protocols a custom component implements: storage (:class:`Storage`,
   :class:`StoragePolicy`) and samplers (:class:`Sampler`, :class:`Draw`).
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from conduit.executor import StreamSet, handoff
 from conduit.memory import BatchMemory, HandoffGuard, Staging
+from conduit.prefetch import Prefetcher, PrefetchStats
 from conduit.samplers.base import Draw, Sampler
 from conduit.storage import Storage, StoragePolicy
 
@@ -29,6 +32,8 @@ __all__ = [
     "BatchMemory",
     "Draw",
     "HandoffGuard",
+    "PrefetchStats",
+    "Prefetcher",
     "Sampler",
     "Staging",
     "Storage",

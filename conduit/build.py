@@ -129,6 +129,7 @@ def delivery(
     common: dict[str, Any] = dict(
         mode=mode, hook=hook, tracer=tracer, failure=failure, timeout=cfg.timeout_s,
         learner_devices=[torch.device(d) for d in cfg.learner_devices], recycle_batches=cfg.tuning.recycle_batches,
+        time_major=cfg.tuning.time_major,
     )
     if cfg.policy is Policy.ON_POLICY:
         assert isinstance(buf, IterationBuffer)

@@ -176,6 +176,11 @@ class Tuning(_Config):
             The store is reused only once no view of it is alive; a kept view keeps its whole
             store alive (``clone()`` a mini-batch to keep it alone). Host stores only.
             The mini-batches are the same either way; ``False`` gathers every one.
+        time_major: host learners with recycled memory: a field whose rows carry a time axis
+            (``[B, T, ...]``) is gathered straight into a ``[T, B, ...]`` block and delivered as
+            that block's transposed view. The values are the same; ``batch[k].transpose(0, 1)``
+            is contiguous, so a time-major learner (an RNN, SRL's trainers) reads it without a
+            second copy.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -183,6 +188,7 @@ class Tuning(_Config):
     batch_pool: Annotated[int, Field(ge=0)] = 0
     recycle_batches: bool = True
     presort: bool = True
+    time_major: bool = False
 
     @field_validator("batch_pool")
     @classmethod

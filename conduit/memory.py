@@ -92,8 +92,13 @@ class _Field:
     has evicted the caches, when every torch call is at its slowest.
     """
 
-    def __init__(self, name: str, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int, keep: int) -> None:
-        self.name, self.dtype, self.shape, self.nbytes, self.keep = name, dtype, shape, nbytes, keep
+    def __init__(
+        self, name: str, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int, keep: int, swap: bool = False
+    ) -> None:
+        # ``swap``: the block is laid out with the first two axes exchanged (``[T, B, ...]`` for ``[B, T, ...]``
+        # rows) and handed out as its transposed view
+        self.name, self.dtype, self.nbytes, self.keep, self.swap = name, dtype, nbytes, keep, swap
+        self.shape = (shape[1], shape[0], *shape[2:]) if swap else shape  # the block's own shape
         self.blocks: list[np.ndarray] = []
         self.native = _numpy_has(dtype)
 
@@ -105,9 +110,8 @@ class _Field:
 
     def tensor(self, block: np.ndarray) -> torch.Tensor:
         """The field's tensor over ``block`` (torch keeps a reference to the block while any view lives)."""
-        if self.native:
-            return torch.from_numpy(block)
-        return torch.from_numpy(block).view(self.dtype).view(self.shape)
+        t = torch.from_numpy(block) if self.native else torch.from_numpy(block).view(self.dtype).view(self.shape)
+        return t.transpose(0, 1) if self.swap else t
 
     def free_block(self) -> np.ndarray | None:
         counts = _refcounts(self.blocks)
@@ -131,15 +135,21 @@ class BatchMemory:
     large: the gather then allocates every field itself. A pool holds the
     ``keep`` newest blocks per field; when every one is held, a new block
     takes the place of the oldest, which is freed with the batch holding it.
+
+    ``time_major``: every field with a time axis (rows ``[B, T, ...]``) is
+    recycled whatever its size, in a ``[T, B, ...]`` block handed out as its
+    transposed view: the gather writes the time-major layout itself (one copy),
+    and ``batch[k].transpose(0, 1)`` is contiguous for a time-major learner.
     """
 
     #: the smallest field recycled by default (see the module docstring for why)
     MIN_BYTES = 1 << 20
 
-    def __init__(self, keep: int = 4, layouts: int = 4, min_bytes: int = MIN_BYTES) -> None:
+    def __init__(self, keep: int = 4, layouts: int = 4, min_bytes: int = MIN_BYTES, time_major: bool = False) -> None:
         if keep < 1:
             raise ValueError(f"keep={keep}: hold at least one free block")
         self.keep = keep
+        self.time_major = time_major
         self._min_bytes = min_bytes
         self.layouts = max(1, layouts)
         # (spec, rows, pools of its recycled fields) of a few batch shapes (on-policy's last mini-batch
@@ -164,8 +174,8 @@ class BatchMemory:
         return any(self._large(f, rows) for f in spec)
 
     def _large(self, f: FieldSpec, rows: int) -> bool:
-        """Whether ``rows`` rows of field ``f`` are large enough to recycle (``min_bytes``)."""
-        return rows * f.bytes_per_sample >= self._min_bytes
+        """Whether ``rows`` rows of field ``f`` are recycled: large enough (``min_bytes``), or time-major."""
+        return (self.time_major and len(f.shape) >= 1) or rows * f.bytes_per_sample >= self._min_bytes
 
     def take(self, spec: ExperienceSpec, rows: int) -> dict[str, torch.Tensor] | None:
         shapes = self._shapes
@@ -181,7 +191,10 @@ class BatchMemory:
                 hit = next((i for i, (sp, r, _) in enumerate(shapes) if r == rows and sp == spec), None)
                 if hit is None:
                     fields = [
-                        _Field(f.name, f.dtype, (rows, *f.shape), rows * f.bytes_per_sample, self.keep)
+                        _Field(
+                            f.name, f.dtype, (rows, *f.shape), rows * f.bytes_per_sample, self.keep,
+                            swap=self.time_major and len(f.shape) >= 1,
+                        )
                         for f in spec
                         if self._large(f, rows)
                     ]

@@ -248,3 +248,44 @@ def test_a_learner_holding_every_pooled_block_gets_new_memory_and_recycling_goes
         memory.take(SPEC, 4)  # taken and dropped at once
     assert memory.recycled >= 4 * len(SPEC.fields)
     assert all(b["obs"].data_ptr() != memory.take(SPEC, 4)["obs"].data_ptr() for b in held)
+
+
+def test_time_major_memory_hands_out_transposed_views_of_time_major_blocks_and_recycles_them():
+    spec = ExperienceSpec.of(obs=((4, 3), "float32"), h=((4,), "bfloat16"), done=((), "bool"))
+    memory = BatchMemory(time_major=True)
+    out = memory.take(spec, 5)
+    assert out is not None and set(out) == {"obs", "h"}  # every field with a time axis, whatever its size
+    assert out["obs"].shape == (5, 4, 3) and out["obs"].transpose(0, 1).is_contiguous()
+    assert out["h"].shape == (5, 4) and out["h"].dtype == torch.bfloat16 and out["h"].transpose(0, 1).is_contiguous()
+    ptr = out["obs"].data_ptr()
+    keep = out["obs"].transpose(0, 1).numpy()  # a numpy array of the time-major block holds it
+    del out
+    again = memory.take(spec, 5)
+    assert again is not None and again["obs"].data_ptr() != ptr
+    del keep, again
+    assert memory.take(spec, 5)["obs"].data_ptr() == ptr
+
+
+def test_time_major_delivery_gives_the_same_batches_laid_out_time_major():
+    spec_units = {"obs": torch.arange(64 * 4 * 3, dtype=torch.float32).reshape(64, 4, 3), "a": torch.arange(64)}
+
+    def batches(time_major: bool) -> list[dict[str, torch.Tensor]]:
+        from conduit import Tuning
+
+        edp = Conduit(
+            policy="off_policy", train_batch_size=8, capacity=64, rollout_unit_size=16, seed=3,
+            tuning=Tuning(time_major=time_major),
+        ).start()
+        with edp:
+            for k in range(4):
+                edp.push({n: v[16 * k : 16 * (k + 1)] for n, v in spec_units.items()})
+            edp.flush()
+            out = []
+            for _ in range(6):
+                b = edp.pull()
+                assert b["obs"].transpose(0, 1).is_contiguous() == time_major
+                out.append({k: b[k].clone() for k in ("obs", "a")})
+            return out
+
+    for plain, tm in zip(batches(False), batches(True)):
+        assert torch.equal(plain["obs"], tm["obs"]) and torch.equal(plain["a"], tm["a"])

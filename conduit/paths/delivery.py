@@ -67,6 +67,7 @@ class DeliveryPath(DataPath):
         timeout: float,
         learner_devices: Sequence[torch.device],
         recycle_batches: bool = True,
+        time_major: bool = False,
     ) -> None:
         ops: list[Operator] = [FnOperator("select_gather", OperatorKind.PROCESSING, self._gather_op)]
         if hook is not None:
@@ -80,7 +81,9 @@ class DeliveryPath(DataPath):
         self.num_learners = len(self.devices)
         # host batches go back to a free list once the learner drops them (conduit.memory); a GPU
         # learner's batches come from torch's caching allocator, which already recycles them
-        self._memory = [BatchMemory() if recycle_batches and d.type == "cpu" else None for d in self.devices]
+        self._memory = [
+            BatchMemory(time_major=time_major) if recycle_batches and d.type == "cpu" else None for d in self.devices
+        ]
         self.staged: list[deque[Staged]] = [deque() for _ in self.devices]
         self.pulls = [0] * self.num_learners
         self.handing = 0  # batches popped from staging whose accounting (_counted) has not run yet

@@ -15,8 +15,9 @@ Inside, a :class:`conduit.Conduit` off-policy runtime whose row is one SRL sampl
 (every field ``[T, ...]``): the trainer thread's ``get()`` is a ``pull()`` and the
 stream thread's ``put()`` a ``push()``, both thread-safe. For a host learner
 (``learner_device="cpu"``: the trainer's own prefetcher copies to its GPU) a
-delivery hook lays each batch out time-major in pinned, recycled staging memory
-(:class:`conduit.memory.Staging`), on Conduit's delivery worker, overlapping the trainer's update (the
+batch is gathered time-major (``[T, B, ...]``, one copy: ``Tuning.time_major``; where CUDA is, into
+page-locked :class:`conduit.ext.Staging` blocks for the trainer's prefetcher) and a delivery hook
+builds SRL's sample from it, on Conduit's delivery worker, overlapping the trainer's update (the
 default for uniform replay everywhere, and for PER where CUDA is available: on a CPU, PER
 draws each batch after the previous batch's feedback, as SRL's trainer thread does); for a
 GPU learner Conduit gathers straight onto the device and the sample's fields are tensors there.
@@ -122,6 +123,8 @@ class ConduitReplayBuffer:
         # drawn ahead would not see those priorities. ``conduit_config={"pinned": ...}`` overrides either.
         if not self.prioritized or (self.staging is not None and self.staging.pinned):
             fields["pinned"] = conduit.SchedulePin(delivery_overlap=True)
+        if self.staging is not None and not self.staging.pinned:  # the gather writes [T, B, ...] itself
+            fields["tuning"] = conduit.Tuning(time_major=True)
         fields.update(self.conduit_config)
         return conduit.ConduitConfig(**fields)
 
@@ -154,8 +157,9 @@ class ConduitReplayBuffer:
         self._kwargs["sample_length"] = layout.length
 
     def _time_major(self, exp_in: Reader, learn_out: Writer) -> None:
-        """Delivery hook: each batch of ``[B, T, ...]`` rows into a ``[T, B, ...]`` staging block, written as the
-        block's ``[B, T, ...]`` transposed view (one output row per input row, as a delivery hook must); and the
+        """Delivery hook: each batch of ``[B, T, ...]`` rows as the transposed view of a ``[T, B, ...]`` block (one
+        output row per input row, as a delivery hook must) -- on a CPU trainer the gather wrote that layout itself
+        (``Tuning.time_major``), for a GPU trainer's prefetcher it is copied into a page-locked block; and the
         batch's SRL sample and (uniform replay) its replay counts, made here while the trainer updates, not by
         ``get`` on the trainer thread. Uniform replay counts at the draw, as SRL does; this hook runs the draws
         in their order, so the counts are SRL's."""
@@ -164,14 +168,18 @@ class ConduitReplayBuffer:
         b = self.batch_size
         rows = next(iter(data.values())).shape[0]
         indices, ids = exp_in.info["indices"], exp_in.info["ids"]
+        pinned = self.staging.pinned
         for start in range(0, rows, b):
             part = {k: v[start : start + b] for k, v in data.items()}
-            blocks = self.staging.take({k: ((v.shape[1], v.shape[0], *v.shape[2:]), v.dtype) for k, v in part.items()})
-            out = {}
-            for k, v in part.items():
-                view = blocks[k].transpose(0, 1)
-                view.copy_(v)
-                out[k] = view
+            if pinned:  # the trainer's prefetcher copies to its GPU from page-locked blocks
+                blocks = self.staging.take(
+                    {k: ((v.shape[1], v.shape[0], *v.shape[2:]), v.dtype) for k, v in part.items()}
+                )
+                for k, v in part.items():
+                    blocks[k].transpose(0, 1).copy_(v)
+            else:  # gathered time-major (Tuning.time_major): the blocks are the rows' own memory
+                blocks = {k: v.transpose(0, 1).contiguous() for k, v in part.items()}
+            out = {k: blk.transpose(0, 1) for k, blk in blocks.items()}
             sample = self.layout.rebuild({k: blk.numpy() for k, blk in blocks.items()}, self.types.named_array)
             reuses = None
             if not self.prioritized:  # SRL counts a prioritized replay at its feedback, on the trainer thread

@@ -3,7 +3,8 @@
 ``python -m benchmarks.srl_buffer [--repeats 7] [--json out.json] [--size small]``; with ``CONDUIT_SRL_SRC``
 pointing at an SRL checkout (``openpsi-projects/srl`` or the monorepo) SRL's *own* classes
 are timed (its buffer layer needs ``prometheus_client``); without it, a reimplementation
-of their behaviour written from SRL's documented protocol (docs/srl.md), and the report says which.
+of their behaviour written from SRL's documented protocol (docs/srl.md), with the test suite's
+SRL-protocol stub (``tests/integrations/srl_stub.py``) for SRL's types, and the report says which.
 
 Two SRL paths, same samples (``T`` time steps, nested as SRL's actors post them: an ``obs``
 record holding the observation vector, an ``action`` record, ``analyzed_result`` with a
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import importlib
 import json
 import os
 import queue
@@ -60,6 +60,7 @@ from conduit.integrations.srl.samples import build as build_record
 from conduit.integrations.srl.samples import flatten
 
 from benchmarks.timing import Stat, interleaved, torch_threads
+from tests.integrations import srl_stub
 
 T, B, OBS, CAPACITY = 8, 256, 512, 4096
 #: ``--size small``: a run of seconds (what the test of this script uses)
@@ -68,7 +69,8 @@ SMALL = (4, 8, 16, 64)
 
 # -- SRL: its own classes, or a reimplementation from SRL's documented protocol -----------------------------------
 def srl_classes() -> tuple[Any, Any, Any, str]:
-    """(replay buffer class, queue class, NamedArray class, label): SRL's own when ``CONDUIT_SRL_SRC`` is set."""
+    """(replay buffer class, queue class, SRL buffer module, label): SRL's own when ``CONDUIT_SRL_SRC`` is set,
+    else the notes' reimplementations with the stub's types."""
     src = os.environ.get("CONDUIT_SRL_SRC")
     if src:
         root = Path(src)
@@ -76,10 +78,9 @@ def srl_classes() -> tuple[Any, Any, Any, str]:
         if not torch.cuda.is_available():
             torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
         buf = srl.find()
-        na = importlib.import_module(buf.__name__.rpartition(".")[0] + ".namedarray")
-        return buf.SimpleReplayBuffer, buf.PriorityQueueBuffer, na.NamedArray, f"SRL's own classes ({buf.__name__})"
+        return buf.SimpleReplayBuffer, buf.PriorityQueueBuffer, buf, f"SRL's own classes ({buf.__name__})"
     label = "a reimplementation from SRL's documented protocol (no SRL checkout)"
-    return NotesReplay, NotesQueue, srl.NamedArray, label
+    return NotesReplay, NotesQueue, srl_stub, label
 
 
 class NotesReplay:
@@ -112,8 +113,9 @@ class NotesReplay:
         idx = np.sort(np.random.choice(self.count, self.batch_size, replace=False))
         reuses = self.times[idx].mean()
         self.times[idx] += 1
-        sample = build_record([(k, None if v is None else v[:, idx]) for k, v in self.store.items()], srl.NamedArray)
-        return srl.ReplayEntry(-1, -1, sample, reuses)
+        columns = [(k, None if v is None else v[:, idx]) for k, v in self.store.items()]
+        sample = build_record(columns, srl_stub.NamedArray)
+        return srl_stub.ReplayEntry(-1, -1, sample, reuses)
 
 
 class NotesQueue:
@@ -132,9 +134,9 @@ class NotesQueue:
         flats = [dict(flatten(g)) for g in group]
         data = build_record(
             [(k, None if v is None else np.stack([f[k] for f in flats], axis=1)) for k, v in flats[0].items()],
-            srl.NamedArray,
+            srl_stub.NamedArray,
         )
-        bisect.insort(self.items, srl.ReplayEntry(self.reuses, time.time(), data))  # as SRL's: never mid-sort
+        bisect.insort(self.items, srl_stub.ReplayEntry(self.reuses, time.time(), data))  # as SRL's: never mid-sort
         while len(self.items) > self.max_size:
             self.items.pop(0)
         return True
@@ -251,14 +253,14 @@ def trainer_loop(get: Callable[[], Any], update: Update, steps: int, prefetch: b
     return exposed / steps
 
 
-def build(named: Any, replay_cls: Any, queue_cls: Any, rng: np.random.Generator) -> dict[str, Any]:
-    samples = [make_sample(named, i, rng) for i in range(CAPACITY)]
+def build(module: Any, replay_cls: Any, queue_cls: Any, rng: np.random.Generator) -> dict[str, Any]:
+    samples = [make_sample(srl.types_of(module).named_array, i, rng) for i in range(CAPACITY)]
     args = dict(max_size=CAPACITY, batch_size=B, warmup_transitions=B * T, sample_length=T, batch_length=T)
     bufs = {
         "replay/srl": replay_cls(**args),
-        "replay/conduit": srl.make("conduit_replay", **args),
+        "replay/conduit": srl.make("conduit_replay", module, **args),
         "queue/srl": queue_cls(max_size=16, reuses=4, batch_size=B),
-        "queue/conduit": srl.make("conduit_queue", max_size=16, reuses=4, batch_size=B),
+        "queue/conduit": srl.make("conduit_queue", module, max_size=16, reuses=4, batch_size=B),
     }
     for name, buf in bufs.items():
         for s in samples[: CAPACITY if name.startswith("replay") else 4 * B]:
@@ -270,8 +272,8 @@ def run(repeats: int, steps: int, seed: int = 0) -> dict[str, Any]:
     torch.manual_seed(seed)
     np.random.seed(seed)
     rng = np.random.default_rng(seed)
-    replay_cls, queue_cls, named, label = srl_classes()
-    env = build(named, replay_cls, queue_cls, rng)
+    replay_cls, queue_cls, module, label = srl_classes()
+    env = build(module, replay_cls, queue_cls, rng)
     update = Update()
     samples = env["samples"]
     cursor = {"i": 0}

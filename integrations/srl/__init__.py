@@ -19,8 +19,8 @@ registers them under new buffer names by wrapping SRL's ``make_buffer``::
 
 :class:`ConduitSampleConsumer` feeds what one ``consume_to`` reads into a Conduit
 buffer in one push (:mod:`.consumer`). Entries and samples are SRL's own
-``ReplayEntry`` and ``NamedArray`` when SRL's buffer layer is loaded, otherwise the
-structurally identical stand-ins of :mod:`.protocol`. Buffers pickle (SRL's
+``ReplayEntry`` and ``NamedArray`` (a buffer needs SRL's buffer layer loaded, or
+the module to take them from). Buffers pickle (SRL's
 ``save_buffer_on_exit``): replay buffers through Conduit's checkpoint format.
 
 SRL is not on PyPI and is never imported by ``import srl`` (an unrelated PyPI
@@ -36,7 +36,6 @@ from .consumer import ConduitSampleConsumer, consumer_class, install_consumers
 from .install import BUFFER_NAMES, Installation, install, installed, make, uninstall
 from .locate import BUFFER_MODULES, SRLTypes, find, loaded, types_of
 from .prioritized import ConduitPrioritizedReplay, SamplingIndices, prioritized_class
-from .protocol import NamedArray, ReplayEntry
 from .replay import ConduitReplayBuffer
 from .reuse_queue import ConduitQueueBuffer
 
@@ -49,8 +48,6 @@ __all__ = [
     "ConduitSampleConsumer",
     "HandoffGuard",
     "Installation",
-    "NamedArray",
-    "ReplayEntry",
     "SRLTypes",
     "SamplingIndices",
     "Staging",

@@ -50,7 +50,7 @@ _lock = threading.Lock()
 
 
 def make(name: str, module: ModuleType | None = None, **buffer_args: Any) -> Any:
-    """Build Conduit buffer ``name`` with SRL's types from ``module`` (default: SRL's, if loaded; else stand-ins)."""
+    """Build Conduit buffer ``name`` with SRL's types from ``module`` (default: the SRL buffer module loaded)."""
     if name not in BUFFER_NAMES:
         raise KeyError(f"{name!r} is not a Conduit SRL buffer; expected one of {sorted(BUFFER_NAMES)}")
     types = types_of(module)

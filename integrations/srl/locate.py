@@ -8,8 +8,10 @@ package (``srl`` 0.1.0 and ``srl-framework``), so SRL is never detected by
 it has SRL's ``make_buffer``, ``ReplayEntry`` and ``PrioritizedReplayBuffer``.
 
 Nothing here imports SRL unless asked (:func:`find`, called by ``install``); a
-buffer built directly takes SRL's types only when SRL's buffer module is already
-loaded (:func:`loaded`), else the local stand-ins of :mod:`.protocol`.
+buffer built directly takes the types of the buffer module it is given, else of
+SRL's buffer module if this process has loaded it (:func:`loaded`); without
+either it is refused (the buffers exist to be handed to SRL's trainer, and hand
+out SRL's own ``ReplayEntry`` and ``NamedArray``).
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ import sys
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
-
-from . import protocol
 
 __all__ = [
     "BUFFER_MODULES", "SRLTypes", "find", "loaded", "looks_like_srl", "namedarray_of", "types_named", "types_of",
@@ -86,38 +86,43 @@ def namedarray_of(buffer_module: ModuleType) -> ModuleType | None:
 
 @dataclass(frozen=True)
 class SRLTypes:
-    """The classes a buffer hands out and subclasses: SRL's own, or the stand-ins."""
+    """The classes a buffer hands out and subclasses: those of SRL's buffer module (or of a module like it)."""
 
     replay_entry: type[Any]
     prioritized_base: type[Any]
     named_array: type[Any]
-    #: the SRL buffer module they come from (None: the stand-ins of :mod:`.protocol`)
-    module: ModuleType | None
+    #: the SRL buffer module they come from
+    module: ModuleType
 
     @property
     def source(self) -> str:
-        return self.module.__name__ if self.module is not None else "conduit stand-ins"
-
-
-_STAND_INS = SRLTypes(protocol.ReplayEntry, protocol.PrioritizedReplayBuffer, protocol.NamedArray, None)
+        return self.module.__name__
 
 
 def types_of(module: ModuleType | None = None) -> SRLTypes:
-    """The types of SRL's buffer ``module`` (default: the loaded one, if any), else the stand-ins."""
+    """The types of SRL's buffer ``module`` (default: the one this process has loaded).
+
+    Raises ``ImportError`` when no module is given and SRL's buffer layer is not loaded, or when the
+    module has no ``namedarray`` beside it.
+    """
     module = module if module is not None else loaded()
     if module is None:
-        return _STAND_INS
+        raise ImportError(
+            "SRL's buffer layer is not loaded in this process, and the Conduit SRL buffers hand out its types "
+            "(ReplayEntry, NamedArray): call conduit.integrations.srl.install() "
+            f"(it finds {' or '.join(BUFFER_MODULES)}), "
+            "import SRL's buffer module first, or pass the module to make(name, module, ...)"
+        )
     na = namedarray_of(module)
-    return SRLTypes(
-        module.ReplayEntry, module.PrioritizedReplayBuffer,
-        na.NamedArray if na is not None else protocol.NamedArray, module,
-    )
+    if na is None:
+        raise ImportError(f"{module.__name__} has no namedarray module beside it with SRL's NamedArray")
+    return SRLTypes(module.ReplayEntry, module.PrioritizedReplayBuffer, na.NamedArray, module)
 
 
 def types_named(module: str | None) -> SRLTypes:
     """:func:`types_of` the buffer module named ``module`` (what a pickled buffer records), else of the loaded one.
 
-    A module that cannot be imported where the buffer is unpickled falls back to the loaded SRL, or the stand-ins.
+    A module that cannot be imported where the buffer is unpickled falls back to the loaded SRL.
     """
     if module is None:
         return types_of()

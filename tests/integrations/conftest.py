@@ -6,6 +6,10 @@ Ray is imported inside the fixtures, so collecting this folder without the
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 
 
@@ -57,3 +61,30 @@ def tq_clean(transfer_queue):
     wipe()
     yield transfer_queue
     wipe()
+
+
+@pytest.fixture(scope="session")
+def srl_module():
+    """SRL's own buffer module, imported from the checkout at ``CONDUIT_SRL_SRC`` (skips without one).
+
+    SRL's replay buffers pin their storage, which a CPU build of torch refuses: without CUDA,
+    ``Tensor.pin_memory`` is the identity for the session (Conduit checks CUDA itself before pinning).
+    """
+    src = os.environ.get("CONDUIT_SRL_SRC")
+    if not src:
+        pytest.skip("set CONDUIT_SRL_SRC to an SRL checkout (openpsi-projects/srl or openpsi-project/srl)")
+    import torch
+    from conduit.integrations import srl
+
+    root = Path(src)
+    sys.path.insert(0, str(root / "src") if (root / "src" / "rlsrl").is_dir() else str(root))
+    mp = pytest.MonkeyPatch()
+    if not torch.cuda.is_available():
+        mp.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    try:
+        module = srl.find()
+    except ImportError as e:
+        mp.undo()
+        pytest.skip(f"SRL's buffer layer does not import here: {e}")
+    yield module
+    mp.undo()

@@ -5,9 +5,9 @@ entry fields, axis-1 (time-major ``[T, B, ...]``) batching, the reuse queue's or
 (``reuses``, ``reuses_left``, drops), PER feedback through the ``isinstance`` gate,
 the staleness filter, two threads (``consume_to`` on one, ``empty``/``get`` on the
 other) with exactly-once accounting, ``make_buffer`` registration under fork and
-spawn, and pickling (``save_buffer_on_exit``). Every test runs against both type
-sources: the adapter's stand-ins, and the SRL-protocol stub (:mod:`.test_srl_stub`)
-posing as SRL's buffer module.
+spawn, and pickling (``save_buffer_on_exit``). Every test runs against the
+SRL-protocol stub (:mod:`.srl_stub`) posing as SRL's buffer module, and against
+SRL's own buffer module where a checkout is given (``CONDUIT_SRL_SRC``).
 """
 
 from __future__ import annotations
@@ -29,16 +29,16 @@ from conduit.integrations.srl.locate import types_of
 
 import conduit
 
-from . import test_srl_stub as stub
-from .test_srl_stub import StepLog, ids_of, sample, trainer_step
+from . import srl_stub as stub
+from .srl_stub import StepLog, ids_of, sample, trainer_step
 
-SOURCES = ["stand-ins", "stub"]
+SOURCES = ["stub", "srl"]
 
 
 @pytest.fixture(params=SOURCES)
 def module(request):
-    """The SRL buffer module the buffers take their types from (None: the adapter's stand-ins)."""
-    return stub if request.param == "stub" else None
+    """The SRL buffer module the buffers take their types from: the stub, or SRL's own (skipped without a checkout)."""
+    return stub if request.param == "stub" else request.getfixturevalue("srl_module")
 
 
 @pytest.fixture
@@ -59,11 +59,8 @@ def made(module):
 
 
 def _types(module):
-    """The types a buffer of ``module`` hands out; without one, the loaded SRL's (an opt-in real test earlier in
-    the session may have loaded it), else the stand-ins."""
-    if module is not None:
-        return stub.ReplayEntry, stub.NamedArray, stub.PrioritizedReplayBuffer
-    t = types_of()
+    """The types a buffer of ``module`` hands out."""
+    t = types_of(module)
     return t.replay_entry, t.named_array, t.prioritized_base
 
 
@@ -283,7 +280,7 @@ def test_two_threads_exactly_once(made, name, module):
     args = dict(max_size=n, batch_size=b) | ({"reuses": 1} if name == "conduit_queue" else {"warmup_transitions": 0})
     buf = made(name, **args)
     stream = stub.DequeSampleConsumer()
-    consumer = srl.consumer_class(stub if module is not None else None)(stream)
+    consumer = srl.consumer_class(stub if module is stub else None)(stream)
     for i in range(n):
         stream.post(sample(i, t=2))
     seen, errors, stop = [], [], threading.Event()
@@ -362,7 +359,7 @@ def test_make_buffer_builds_conduit_buffers_and_falls_through(installed):
 def _child_builds(result, installation=None):
     """In a child process: build a buffer through the module attribute, as SRL's trainer worker does."""
     try:
-        from tests.integrations import test_srl_stub as child_stub
+        from tests.integrations import srl_stub as child_stub
 
         buf = child_stub.make_buffer("conduit_queue", max_size=4, reuses=1, batch_size=1)
         buf.put(child_stub.sample(5))

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from conduit.integrations import srl
 
 SRC = os.environ.get("CONDUIT_SRL_SRC")
@@ -34,23 +33,12 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def srl_buffer():
+def srl_buffer(srl_module):
     """SRL's own buffer module, imported from the checkout, with Conduit's buffers installed."""
-    root = Path(SRC or ".")
-    path = str(root / "src") if (root / "src" / "rlsrl").is_dir() else str(root)
-    sys.path.insert(0, path)
-    mp = pytest.MonkeyPatch()
-    if not torch.cuda.is_available():  # SRL's replay buffers pin their storage; CPU torch refuses pin_memory
-        mp.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
-    try:
-        module = srl.find()
-    except ImportError as e:
-        pytest.skip(f"SRL's buffer layer does not import here: {e}")
-    original = module.make_buffer
-    srl.install(module)
-    yield module
-    module.make_buffer = original
-    mp.undo()
+    original = srl_module.make_buffer
+    srl.install(srl_module)
+    yield srl_module
+    srl_module.make_buffer = original
 
 
 def _namedarray(buffer_module):

@@ -11,10 +11,27 @@ place it may import from (``tests/test_house.py`` checks every import of
   where CUDA is, recycled; :class:`HandoffGuard`; :class:`BatchMemory`);
 - the core's CUDA streams and their hand-off (:class:`StreamSet`, :func:`handoff`),
   so an adapter never makes a stream or an event of its own;
+- the reuse queue (:class:`ReuseQueue`, :class:`Reusable`): batches formed once and handed
+  out most-reuses-left, newest first, behind the core's lock, so an adapter keeps no store
+  of its own;
 - prefetch as a node (:class:`Prefetcher`): a framework's own iterator run ahead on
   the core's worker, so an adapter never starts a thread of its own;
 - the protocols a custom component implements: storage (:class:`Storage`,
-  :class:`StoragePolicy`) and samplers (:class:`Sampler`, :class:`Draw`).
+  :class:`StoragePolicy`, and the stock :class:`TensorStorage` and
+  :class:`FixedStorage` a custom one extends) and samplers (:class:`Sampler`,
+  :class:`Draw`);
+- the off-policy buffer a runtime holds (:class:`ReplayBuffer`: its lock, draws,
+  priorities and contents), for an adapter that checkpoints or reseeds it;
+- :func:`explain`: an adapter's own pydantic options fail with the core's
+  ``ConfigError`` message;
+- stage graphs (:class:`Stage`, :class:`Plan`, :class:`StageProfile`,
+  :class:`StageRunner`): a workload's per-iteration stages run wave by wave on
+  the core's lanes, so an adapter never starts a thread pool of its own (the
+  waves come from the planner, ``conduit.scheduling.stages.plan``, which sits
+  above the core and so is not re-exported here);
+- group-aware admission (:class:`AdmissionController`, :class:`AdmissionConfig`,
+  :class:`GroupInfo`, :class:`Admission`, :data:`ANY_SOURCE`): groups of rows
+  admitted whole, each once, in early mini-batches.
 
 Everything else under ``conduit.*`` is internal and may change without notice.
 Importing this module imports torch (the runtime's modules), unlike ``import conduit``.
@@ -22,22 +39,43 @@ Importing this module imports torch (the runtime's modules), unlike ``import con
 
 from __future__ import annotations
 
+from conduit.buffers.replay import ReplayBuffer
+from conduit.config import explain
 from conduit.executor import StreamSet, handoff
+from conduit.grouping import ANY_SOURCE, Admission, AdmissionConfig, AdmissionController, GroupInfo
 from conduit.memory import BatchMemory, HandoffGuard, Staging
 from conduit.prefetch import Prefetcher, PrefetchStats
+from conduit.reuse import Reusable, ReuseQueue
 from conduit.samplers.base import Draw, Sampler
-from conduit.storage import Storage, StoragePolicy
+from conduit.stages import Plan, Stage, StageProfile, StageRunner, WaveTiming
+from conduit.storage import FixedStorage, Storage, StoragePolicy, TensorStorage
 
 __all__ = [
+    "ANY_SOURCE",
+    "Admission",
+    "AdmissionConfig",
+    "AdmissionController",
     "BatchMemory",
     "Draw",
+    "FixedStorage",
+    "GroupInfo",
     "HandoffGuard",
+    "Plan",
     "PrefetchStats",
     "Prefetcher",
+    "ReplayBuffer",
+    "Reusable",
+    "ReuseQueue",
     "Sampler",
+    "Stage",
+    "StageProfile",
+    "StageRunner",
     "Staging",
     "Storage",
     "StoragePolicy",
     "StreamSet",
+    "TensorStorage",
+    "WaveTiming",
+    "explain",
     "handoff",
 ]

@@ -14,22 +14,18 @@ SRL's semantics, kept exactly (docs/srl.md, Guarantees):
 - Over ``max_size`` entries, the one with the fewest reuses left and the oldest
   arrival is dropped (SRL is lossy by design under back-pressure; :attr:`dropped` counts).
 
-What changes is where the data is and who may call: the stack is written once into
-staging memory (:class:`conduit.memory.Staging`: pinned where CUDA is, so the trainer's
-``non_blocking`` copy is a real DMA, and recycled), on the stream thread that calls
-``put`` — which overlaps the trainer thread by construction — and every method takes
-one lock, so the trainer thread's ``empty``/``get`` and the stream thread's ``put``
-need no ``sleep`` between them. With ``learner_device="cuda:N"`` the stacked batch
-is also copied to that GPU at ``put`` (on a side stream, an event the trainer's stream
-waits on at ``get``); ``policy_version_steps`` stays host numpy for SRL's staleness filter.
+The queue itself is the core's :class:`conduit.ext.ReuseQueue` (its order, its one lock, its
+drops); this module forms SRL's entries. The stack is written once into staging memory
+(:class:`conduit.ext.Staging`: pinned where CUDA is, so the trainer's ``non_blocking`` copy
+is a real DMA, and recycled), on the stream thread that calls ``put`` -- which overlaps the
+trainer thread by construction. With ``learner_device="cuda:N"`` the stacked batch is also
+copied to that GPU at ``put`` (on the core's side stream; the trainer's stream waits on the
+copy's event at ``get``); ``policy_version_steps`` stays host numpy for SRL's staleness filter.
 """
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import queue
-import threading
 import time
 from typing import Any, ClassVar
 
@@ -37,7 +33,7 @@ import numpy as np
 import torch
 
 from conduit import ConfigError, SpecError
-from conduit.ext import HandoffGuard, Staging, StreamSet, handoff
+from conduit.ext import HandoffGuard, ReuseQueue, Staging, StreamSet, handoff
 
 from .locate import SRLTypes, types_named
 from .samples import HOST_FIELDS, build, conform, flatten, is_numeric, unify
@@ -74,35 +70,34 @@ class ConduitQueueBuffer:
             max_size=max_size, reuses=reuses, batch_size=batch_size, learner_device=learner_device
         )
         self._setup()
-        self._entries: list[tuple[tuple[float, float, int], Any]] = []  # sorted by (reuses_left, receive_time, seq)
-        self._pending: list[Any] = []
-        #: entries formed, entries dropped on overflow, entries handed out (reuses included)
-        self.formed = self.dropped = self.handed = 0
 
     def _setup(self) -> None:
-        self._lock = threading.Lock()
-        self._seq = itertools.count()
         self.staging = Staging()
         self._guard = HandoffGuard()
-        self._events: dict[int, torch.cuda.Event] = {}  # a GPU learner's entries: their device copy's event
         # a GPU learner's entries are copied to it on the core's side stream at put
         self._stream = StreamSet(self.learner_device) if self.learner_device.type == "cuda" else None
+        self.queue: ReuseQueue[Any] = ReuseQueue(self.max_size, self.batch_size or 1, self._form)
+
+    @property
+    def formed(self) -> int:
+        """Entries formed."""
+        return self.queue.formed
+
+    @property
+    def dropped(self) -> int:
+        """Entries dropped on overflow."""
+        return self.queue.dropped
+
+    @property
+    def handed(self) -> int:
+        """Entries handed out (reuses included)."""
+        return self.queue.handed
 
     # -- SRL's buffer protocol -------------------------------------------------------------------
     def put(self, x: Any) -> bool:
         """Add a sample; ``True`` when it completed an entry of ``batch_size`` samples (the stream thread)."""
-        if not self.batch_size:
-            self._insert(self.types.replay_entry(reuses_left=self.reuses, sample=x, receive_time=time.time()))
-            return False
-        with self._lock:
-            self._pending.append(x)
-            if len(self._pending) < self.batch_size:
-                return False
-            group, self._pending = self._pending[: self.batch_size], self._pending[self.batch_size :]
-        sample, event = self._stack(group)
-        entry = self.types.replay_entry(reuses_left=self.reuses, sample=sample, receive_time=time.time())
-        self._insert(entry, event)
-        return True
+        formed = self.queue.put(x)
+        return bool(self.batch_size) and formed is not None
 
     def put_many(self, xs: list[Any]) -> int:
         """``put`` each sample (what :class:`~.consumer.ConduitSampleConsumer` calls); returns how many."""
@@ -112,47 +107,29 @@ class ConduitQueueBuffer:
 
     def get(self) -> Any:
         """The entry with the most reuses left, newest first (the trainer thread; ``queue.Empty`` when empty)."""
-        with self._lock:
-            if not self._entries:
-                raise queue.Empty("the Conduit SRL queue buffer is empty")
-            _, r = self._entries.pop()
-            r.reuses_left -= 1
-            r.reuses += 1
-            self.handed += 1
-            if not self._full() and r.reuses_left > 0:
-                self._insert_locked(r)
-                event = self._events.get(id(r))
-            else:
-                event = self._events.pop(id(r), None)
-        self._hand_over(r, event)
-        return r
+        got = self.queue.get()
+        if got is None:
+            raise queue.Empty("the Conduit SRL queue buffer is empty")
+        entry, event = got
+        self._hand_over(entry, event)
+        return entry
 
     def empty(self) -> bool:
-        return not self._entries
+        return len(self.queue) == 0
 
     def qsize(self) -> int:
-        return len(self._entries)
+        return len(self.queue)
 
     def full(self) -> bool:
-        with self._lock:
-            return self._full()
+        return self.queue.full()
 
-    def _full(self) -> bool:
-        return len(self._entries) == self.max_size
-
-    # -- the queue's order ------------------------------------------------------------------------
-    def _insert(self, entry: Any, event: torch.cuda.Event | None = None) -> None:
-        with self._lock:
-            if event is not None:
-                self._events[id(entry)] = event
-            self._insert_locked(entry)
-
-    def _insert_locked(self, entry: Any) -> None:
-        bisect.insort(self._entries, ((entry.reuses_left, entry.receive_time, next(self._seq)), entry))
-        while len(self._entries) > self.max_size:  # the fewest reuses left, the oldest arrival
-            _, gone = self._entries.pop(0)
-            self._events.pop(id(gone), None)
-            self.dropped += 1
+    def _form(self, group: list[Any]) -> tuple[Any, torch.cuda.Event | None]:
+        """One SRL entry from a group: a sample as it came (``batch_size`` falsy), else the group stacked."""
+        if not self.batch_size:
+            sample, event = group[0], None
+        else:
+            sample, event = self._stack(group)
+        return self.types.replay_entry(reuses_left=self.reuses, sample=sample, receive_time=time.time()), event
 
     # -- batching on axis 1 -------------------------------------------------------------------------
     def _stack(self, group: list[Any]) -> tuple[Any, torch.cuda.Event | None]:
@@ -186,9 +163,7 @@ class ConduitQueueBuffer:
                     torch.stack([torch.as_tensor(v) for v in vals], dim=1, out=blocks[k])
             placed, event = self._place(blocks)
             leaves.update(placed)
-        sample = build([(k, leaves[k]) for k in names], self.types.named_array)
-        self.formed += 1
-        return sample, event
+        return build([(k, leaves[k]) for k in names], self.types.named_array), event
 
     def _place(self, blocks: dict[str, torch.Tensor]) -> tuple[dict[str, Any], torch.cuda.Event | None]:
         """Host numpy views of the blocks, or (a GPU learner) device tensors copied on a side stream, and the
@@ -212,24 +187,20 @@ class ConduitQueueBuffer:
     # -- persistence ----------------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         """Entries and pending samples pickle as they are (numpy on the host): SRL's ``save_buffer_on_exit``."""
-        with self._lock:
-            return {
-                "kwargs": self._kwargs, "entries": [e for _, e in self._entries], "pending": list(self._pending),
-                "counts": (self.formed, self.dropped, self.handed),
-                "srl_module": self.types.module.__name__ if self.types.module is not None else None,
-            }
+        entries, pending, counts = self.queue.snapshot()
+        return {
+            "kwargs": self._kwargs, "entries": entries, "pending": pending, "counts": counts,
+            "srl_module": self.types.module.__name__,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(**state["kwargs"], srl_types=types_named(state.get("srl_module")))  # type: ignore[misc]
-        for entry in state["entries"]:
-            self._insert(entry)
-        self._pending = list(state["pending"])
-        self.formed, self.dropped, self.handed = state["counts"]
+        self.queue.restore(state["entries"], state["pending"], state["counts"])
 
     def __repr__(self) -> str:
         return (
             f"ConduitQueueBuffer(max_size={self.max_size}, reuses={self.reuses}, batch_size={self.batch_size}, "
-            f"entries={len(self._entries)}, staging={'pinned' if self.staging.pinned else 'pageable'})"
+            f"entries={len(self.queue)}, staging={'pinned' if self.staging.pinned else 'pageable'})"
         )
 
 

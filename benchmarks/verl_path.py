@@ -29,12 +29,12 @@ import uuid
 
 import numpy as np
 import torch
-from conduit.integrations.verl.admission import AdmissionConfig, AdmissionController, GroupInfo
 from conduit.integrations.verl.ingest import AdvantageSpec, StageFns, run_conduit, run_serial
-from conduit.integrations.verl.stages import StageProfile, StageRunner
 from omegaconf import OmegaConf
 from verl import DataProto
 from verl.trainer.ppo import core_algos
+
+from conduit.ext import AdmissionConfig, AdmissionController, GroupInfo, StageProfile, StageRunner
 
 
 def grpo_batch(seed: int, groups: int, n: int, resp: int = 64) -> DataProto:

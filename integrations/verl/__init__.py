@@ -14,8 +14,10 @@ process that imports verl; V0 users take :class:`ConduitRayPPOTrainer` (a
 losses and engines are called, never copied. :func:`status` says whether the
 plugin registered (verl hides plugin errors).
 
-The pure parts (:mod:`.stages`, :mod:`.admission`) import no verl; ``import conduit``
-imports none of this package. The user's page: ``docs/verl.md``.
+The engines are the core's: the stage graph and its runner (:mod:`conduit.stages`,
+on the core's lanes), the wave planner (:mod:`conduit.scheduling.stages`) and
+group-aware admission (:mod:`conduit.grouping`); this package maps verl onto them.
+``import conduit`` imports none of this package. The user's page: ``docs/verl.md``.
 """
 
 from __future__ import annotations

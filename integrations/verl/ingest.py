@@ -2,7 +2,7 @@
 
 What: :class:`StageFns` holds the stage callables a trainer already has
 (colocated reward model, old / reference log-prob, values: verl's own worker
-calls); :func:`ingestion_stages` turns them into :class:`~.stages.Stage` nodes
+calls); :func:`ingestion_stages` turns them into :class:`conduit.ext.Stage` nodes
 with explicit dependencies; :func:`run_conduit` plans and runs them with the
 core's cost model, :func:`run_serial` runs them in verl's V0 ``fit`` order.
 Both end in :func:`advantage_block`, which is verl's ``adv`` section:
@@ -27,8 +27,10 @@ from verl import DataProto
 from verl.trainer.ppo.ray_trainer import apply_kl_penalty, compute_advantage
 from verl.trainer.ppo.reward import extract_reward
 
+from conduit.ext import Plan, Stage, StageProfile, StageRunner
+from conduit.scheduling.stages import plan
+
 from .metrics import PathMeter
-from .stages import Plan, Stage, StageProfile, StageRunner, plan, serial_plan
 
 __all__ = ["AdvantageSpec", "StageFns", "advantage_block", "ingestion_stages", "run_conduit", "run_serial"]
 
@@ -222,9 +224,3 @@ def run_serial(batch: DataProto, fns: StageFns, spec: AdvantageSpec, kl_ctrl: An
         if fn is not None:
             batch = _merge(batch, name, fn(batch))
     return advantage_block(batch, spec, kl_ctrl)
-
-
-def serial_order(batch: DataProto, fns: StageFns, spec: AdvantageSpec, kl_ctrl: Any) -> Plan:
-    """The serial plan of the same graph (what :func:`run_serial` runs), for reports."""
-    outputs: dict[str, Any] = {}
-    return serial_plan(ingestion_stages(batch, fns, spec, kl_ctrl, outputs))

@@ -4,7 +4,8 @@ What: a ``ReplayBufferAsync`` subclass for ``trainer.v1.sampler.custom_sampler``
 (``path=pkg://conduit.integrations.verl.sampler``, ``name=ConduitAdmissionBuffer``).
 ``sample`` polls TransferQueue's prompt tags (every ``poll_interval`` seconds,
 not verl's fixed 2 s) and maps verl's state onto an
-:class:`~.admission.AdmissionController`, which holds the rules; this module
+:class:`conduit.ext.AdmissionController` (the core's group-aware admission,
+:mod:`conduit.grouping`), which holds the rules; this module
 only reads TransferQueue and acts on the decisions.
 
 What verl's trainer does with ``sample``: ``PPOTrainer.step`` calls
@@ -49,7 +50,7 @@ from typing import Any
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
-from .admission import ANY, Admission, AdmissionConfig, AdmissionController, GroupInfo
+from conduit.ext import ANY_SOURCE, Admission, AdmissionConfig, AdmissionController, GroupInfo
 
 __all__ = ["ConduitAdmissionBuffer"]
 
@@ -99,11 +100,11 @@ class ConduitAdmissionBuffer(ReplayBufferAsync):
         for key, tag in self.partitions[partition_id].items():
             uid = key.split("_")[0]
             rows[uid] += 1
-            source.setdefault(uid, str(tag.get("data_source", ANY)))
+            source.setdefault(uid, str(tag.get("data_source", ANY_SOURCE)))
         steps = self.prompt_global_steps[partition_id]
         failed = self.failure_keys[partition_id]
         return [
-            GroupInfo(u, steps.get(u, global_steps), source.get(u, ANY), rows[u], u in failed)
+            GroupInfo(u, steps.get(u, global_steps), source.get(u, ANY_SOURCE), rows[u], u in failed)
             for u in self.finished_keys[partition_id] | failed
         ]
 
@@ -111,7 +112,7 @@ class ConduitAdmissionBuffer(ReplayBufferAsync):
         """Groups pending or running (prompt tags name no source), and the oldest step among them."""
         keys = self.pending_keys[partition_id] | self.running_keys[partition_id]
         steps = self.prompt_global_steps[partition_id]
-        return Counter({ANY: len(keys)} if keys else {}), min((steps[k] for k in keys), default=None)
+        return Counter({ANY_SOURCE: len(keys)} if keys else {}), min((steps[k] for k in keys), default=None)
 
     def _terminal_eviction_reasons(self, global_steps: int, partition_id: str) -> tuple[set, set, set, Counter]:
         """verl's eviction hook (its ``wait_for_sampleable`` / ``get_sampleable_count``) with the controller's rules."""

@@ -3,7 +3,7 @@
 What: ``RayPPOTrainer.fit`` is one long method, so the subclass interposes on
 its stage methods instead of rewriting it. When ``fit`` asks for the old
 log-prob, :meth:`ConduitRayPPOTrainer._compute_old_log_prob` plans the
-old/ref/values stages with :func:`~.stages.plan` (profiled costs, the core's
+old/ref/values stages with :func:`conduit.scheduling.stages.plan` (profiled costs, the core's
 cost model, one stage per resource pool at a time), runs them, and returns
 the old log-prob; ``fit``'s next calls to ``_compute_ref_log_prob`` and
 ``_compute_values`` on the same batch return the results already computed. Every call is the parent's own method.
@@ -27,7 +27,8 @@ from verl import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.trainer.ppo.utils import Role
 
-from .stages import Stage, StageProfile, StageRunner, plan
+from conduit.ext import Stage, StageProfile, StageRunner
+from conduit.scheduling.stages import plan
 
 __all__ = ["ConduitRayPPOTrainer"]
 
@@ -41,7 +42,7 @@ class ConduitRayPPOTrainer(RayPPOTrainer):
     def conduit_setup(self) -> None:
         if not hasattr(self, "conduit_runner"):
             self.conduit_profile = StageProfile()
-            self.conduit_runner = StageRunner()
+            self.conduit_runner = StageRunner(prefix="verl")
             self.conduit_pending: dict[str, tuple[DataProto, Any]] = {}
             self.conduit_last_plan = ""
 

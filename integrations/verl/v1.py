@@ -8,7 +8,7 @@ updates and every worker call are verl's own; the mixin decides their order:
 - ``_balance_batch`` first (metadata only; its synthetic padding rows carry
   zero ``rm_scores`` whatever the reward does, as in verl),
 - reward (on the sampled keys, as verl does before balancing) ∥ old log-prob ∥
-  reference log-prob ∥ values, where :func:`~.stages.plan` says the overlap pays
+  reference log-prob ∥ values, where :func:`conduit.scheduling.stages.plan` says the overlap pays
   and their worker groups (resource pools) differ,
 - the advantage after all of them (it reads every field they write),
 - then the critic and actor updates as verl runs them.
@@ -32,8 +32,10 @@ from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1 import PPOTrainerSeparateAsync, PPOTrainerSync
 from verl.utils.debug import marked_timer
 
+from conduit.ext import Stage, StageProfile, StageRunner
+from conduit.scheduling.stages import plan
+
 from .metrics import PathMeter
-from .stages import Stage, StageProfile, StageRunner, plan
 
 __all__ = ["ConduitPPOTrainerSeparateAsync", "ConduitPPOTrainerSync", "ConduitStepMixin", "copy_meta"]
 
@@ -82,7 +84,7 @@ class ConduitStepMixin:
     def conduit_setup(self) -> None:
         if not hasattr(self, "conduit_runner"):
             self.conduit_profile = StageProfile()
-            self.conduit_runner = StageRunner()
+            self.conduit_runner = StageRunner(prefix="verl")
 
     def conduit_groups(self) -> dict[str, str]:
         """Worker group (resource pool) of each stage."""

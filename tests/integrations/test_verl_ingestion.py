@@ -17,10 +17,12 @@ import pytest
 pytest.importorskip("verl")
 import torch
 from conduit.integrations.verl.ingest import AdvantageSpec, StageFns, run_conduit, run_serial
-from conduit.integrations.verl.stages import StageProfile, StageRunner
 from omegaconf import OmegaConf
 from verl import DataProto
 from verl.trainer.ppo import core_algos
+
+from conduit.ext import StageProfile, StageRunner
+from conduit.scheduling.stages import plan as make_plan
 
 
 def random_batch(seed: int, groups: int, n: int, prompt: int = 6, resp: int = 10) -> DataProto:
@@ -181,7 +183,6 @@ def test_overlap_is_chosen_from_profiled_costs_and_runs_the_stages_at_once() -> 
     # a measured overlap cost larger than what overlapping hides: the same model now keeps the stages apart
     profile.sync_s = 10.0
     from conduit.integrations.verl.ingest import ingestion_stages
-    from conduit.integrations.verl.stages import plan as make_plan
 
     stages = ingestion_stages(random_batch(1, 4, 2), make_fns(delay=0.15), spec, None, {})
     assert not make_plan(stages, profile).overlapped

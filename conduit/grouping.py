@@ -1,40 +1,44 @@
-"""Constraint-preserving mini-batch admission (KnitTrans): whole, right-sized GRPO groups, each once, by verl's rules.
+"""Group-aware admission: groups of rows that must be trained together, admitted whole, each once, early.
 
-What: :class:`AdmissionController` decides, each time groups finish generating,
-which of them a sample call hands to the trainer. Its invariants:
+What: many on-policy workloads generate *groups* of rows that are only
+meaningful together (GRPO's samples of one prompt, a self-play match's
+players, an episode's agents): a group must reach the learner whole or not at
+all. :class:`AdmissionController` decides, each time groups finish
+generating, which of them the next sample hands to the learner. Its
+invariants:
 
-- **exactly once per uid**: a uid is admitted or evicted at most once in the
-  controller's life; an offer that repeats a uid, or re-offers one already
-  decided, is refused (``ValueError``), never delivered twice;
-- **verl's staleness**: a group submitted at step ``g`` has, at step ``s``, the
-  span ``s - g + 1`` (verl's ``ReplayBufferAsync``); with
-  ``max_staleness`` (verl's ``max_off_policy_threshold``) and strategy ``drop``
-  a finished group whose span exceeds the bound is evicted (and refilled), with
-  ``wait`` (verl's dropless mode) nothing is evicted for staleness and no
-  admission happens while an in-flight group's span has reached the bound;
-- **whole, right-sized groups** (async): a group is admitted only with exactly
-  ``group_size`` (rollout.n) trajectories; a failed group or one with fewer
-  is evicted and refilled (verl's async rule for failed groups), one with more
-  is refused as a configuration error (``group_size`` is not rollout.n, or the
-  agent loop writes several trajectories per session);
-- **units**: an admission is made of units of whole groups whose trajectory
-  count is divisible by both the data-parallel size and the PPO mini-batch
-  (``lcm(dp, mini_batch_groups·n) / n`` groups), so verl never pads it; a unit
-  is admitted only if every remaining per-source quota (Conduit's optional
-  mix) stays satisfiable from the finished and in-flight groups, and the
-  controller names a source's deficit so the caller refills that many prompts
-  instead of waiting forever; without quotas the only refills are verl's.
+- **exactly once per uid**: a group's uid is admitted or evicted at most once
+  in the controller's life; an offer that repeats a uid, or re-offers one
+  already decided, is refused (``ValueError``), never delivered twice;
+- **staleness**: a group submitted at policy version ``g`` has, at version
+  ``s``, the span ``s - g + 1``; with ``max_staleness`` and strategy ``drop``
+  a finished group whose span exceeds the bound is evicted (and refilled by
+  the caller), with ``wait`` nothing is evicted for staleness and no admission
+  happens while an in-flight group's span has reached the bound;
+- **whole, right-sized groups** (asynchronous admission): a group is admitted
+  only with exactly ``group_size`` rows; a failed group or one with fewer is
+  evicted and refilled, one with more is refused as a configuration error
+  (``group_size`` is not what each group generates);
+- **units**: an admission is made of units of whole groups whose row count is
+  divisible by both the data-parallel size and the mini-batch
+  (``lcm(dp, mini_batch_groups·group_size) / group_size`` groups), so the
+  learner never pads it; a unit is admitted only if every remaining
+  per-source quota (an optional mix of data sources) stays satisfiable from
+  the finished and in-flight groups, and the controller names a source's
+  deficit so the caller refills that many groups instead of waiting forever.
 
-``on_policy`` is verl's sync trainer: there the step's whole batch is handed
-over at once as verl's own ``ReplayBuffer`` does (no staleness, no eviction,
-no refill: verl's sync trainer pads a failed group downstream, and cannot
-refill fewer prompts than a train batch), see :mod:`.sampler`.
+``on_policy`` is a synchronous trainer: the step's whole batch is handed over
+at once, the oldest groups first (no staleness, no eviction, no refill: such a
+trainer pads a failed group downstream).
 
-Why: verl's sampler admits a batch when its last group finished and pads to
-divisibility; admitting whole units as soon as they are feasible starts the
-async trainers' mini-batches early without breaking a GRPO group, the batch's
-mix or verl's off-policy bound. Pure Python; :mod:`.sampler` maps verl's
-TransferQueue state onto it.
+Why: admitting a batch only when its last group finished leaves the learner
+idle behind the long tail of generation; admitting whole units as soon as they
+are feasible starts the mini-batches early (KnitTrans-style
+constraint-preserving early mini-batches) without breaking a group, the
+batch's mix or the staleness bound. Pure Python, no threads: a framework's
+sampler maps its own state onto :class:`GroupInfo` and acts on each
+:class:`Admission` (``conduit.integrations.verl.sampler`` does it for verl's
+replay buffer, whose rules these are).
 """
 
 from __future__ import annotations
@@ -44,24 +48,25 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["ANY", "STRATEGIES", "Admission", "AdmissionConfig", "AdmissionController", "GroupInfo"]
+__all__ = ["ANY_SOURCE", "STRATEGIES", "Admission", "AdmissionConfig", "AdmissionController", "GroupInfo"]
 
-ANY = "*"
-#: verl's ``max_off_policy_strategy`` values
+#: the one source of every group when there are no per-source quotas
+ANY_SOURCE = "*"
+#: what a group past the staleness bound does: evicted (``drop``) or kept while admission waits (``wait``)
 STRATEGIES = ("drop", "wait")
 
 
 @dataclass(frozen=True)
 class GroupInfo:
-    """A terminal GRPO group: its uid, the step its prompt was submitted at, its data source, its trajectories.
+    """A terminal (finished or failed) group: its uid, the policy version it was submitted at, its source, its rows.
 
-    ``size`` is the number of trajectories found (``None``: the configured
-    group size); ``failed`` is verl's ``failure`` status.
+    ``size`` is the number of rows found (``None``: the configured group size);
+    ``failed`` says its generation failed.
     """
 
     uid: str
     version: int
-    source: str = ANY
+    source: str = ANY_SOURCE
     size: int | None = None
     failed: bool = False
 
@@ -70,10 +75,13 @@ class GroupInfo:
 class AdmissionConfig:
     """Sizes and bounds of one train batch.
 
-    ``quotas`` maps a data source to its number of groups per train batch (summing
-    to ``batch_groups``); ``None`` is one quota for every source. ``max_staleness``
-    and ``strategy`` are verl's ``max_off_policy_threshold`` / ``_strategy``;
-    ``on_policy`` is verl's sync trainer.
+    ``group_size`` is the rows each group generates, ``mini_batch_groups`` the
+    groups of one mini-batch, ``dp_size`` the learner's data-parallel ranks,
+    ``batch_groups`` the groups of one train batch. ``quotas`` maps a data source
+    to its number of groups per train batch (summing to ``batch_groups``);
+    ``None`` is one quota for every source. ``max_staleness`` bounds a group's
+    span (``None``: unbounded) and ``strategy`` (:data:`STRATEGIES`) says what a
+    group past it does; ``on_policy`` hands each step's whole batch over at once.
     """
 
     group_size: int
@@ -92,18 +100,18 @@ class AdmissionConfig:
             raise ValueError(
                 f"a train batch of {self.batch_groups} groups cannot be cut into admissions of {self.unit_groups} "
                 f"groups (lcm(dp={self.dp_size}, mini_batch={self.mini_batch_groups}x{self.group_size}) "
-                f"trajectories): choose a batch size that is a multiple of it"
+                f"rows): choose a batch size that is a multiple of it"
             )
         if self.quotas is not None and sum(self.quotas.values()) != self.batch_groups:
             raise ValueError(f"quotas {dict(self.quotas)} do not add up to the batch's {self.batch_groups} groups")
         if self.max_staleness is not None and (not isinstance(self.max_staleness, int) or self.max_staleness < 1):
-            raise ValueError(f"max_staleness {self.max_staleness!r} must be an integer >= 1 or None (as verl's)")
+            raise ValueError(f"max_staleness {self.max_staleness!r} must be an integer >= 1 or None")
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy {self.strategy!r} is not one of verl's {STRATEGIES}")
+            raise ValueError(f"strategy {self.strategy!r} is not one of {STRATEGIES}")
         if self.on_policy and self.quotas is not None:
             raise ValueError(
-                "per-source quotas need an async trainer: verl's sync trainer hands over the step's whole batch "
-                "and cannot refill a missing source"
+                "per-source quotas need asynchronous admission: on-policy admission hands over the step's whole "
+                "batch and cannot refill a missing source"
             )
 
     @property
@@ -113,17 +121,17 @@ class AdmissionConfig:
         return rows // self.group_size
 
     def quota(self) -> dict[str, int]:
-        return dict(self.quotas) if self.quotas is not None else {ANY: self.batch_groups}
+        return dict(self.quotas) if self.quotas is not None else {ANY_SOURCE: self.batch_groups}
 
 
 @dataclass
 class Admission:
     """One decision: groups admitted now, evicted as stale or misfit (failed / wrong size), refills needed.
 
-    The caller refills each evicted group one for one (verl's rule); ``deficit``
-    is what the quotas need beyond those replacements.
+    The caller refills each evicted group one for one; ``deficit`` is what the
+    quotas need beyond those replacements.
 
-    ``blocked`` says verl's ``wait`` strategy held the admission back (an
+    ``blocked`` says the ``wait`` strategy held the admission back (an
     in-flight group reached the staleness bound).
     """
 
@@ -146,7 +154,7 @@ class AdmissionController:
         self.evicted: set[str] = set()
 
     def key(self, g: GroupInfo) -> str:
-        return g.source if self.config.quotas is not None else ANY
+        return g.source if self.config.quotas is not None else ANY_SOURCE
 
     def need(self) -> dict[str, int]:
         return {s: q - self.admitted[s] for s, q in self.config.quota().items()}
@@ -161,11 +169,11 @@ class AdmissionController:
 
     @staticmethod
     def span(g: GroupInfo, version: int) -> int:
-        """verl's staleness: the number of policy versions from the prompt's submission to ``version``, inclusive."""
+        """Staleness: the number of policy versions from the group's submission to ``version``, inclusive."""
         return version - g.version + 1
 
     def stale(self, g: GroupInfo, version: int) -> bool:
-        """Evicted for staleness: verl's ``drop`` rule (``span > threshold``); never on-policy or under ``wait``."""
+        """Evicted for staleness: the ``drop`` rule (``span > max_staleness``); never on-policy or under ``wait``."""
         cfg = self.config
         if cfg.on_policy or cfg.max_staleness is None or cfg.strategy != "drop":
             return False
@@ -175,19 +183,19 @@ class AdmissionController:
         return not self.stale(g, version)
 
     def misfit(self, g: GroupInfo) -> bool:
-        """A failed group or one short of ``group_size`` trajectories (async only: verl's sync trainer pads it)."""
+        """A failed group or one short of ``group_size`` rows (asynchronous only: on-policy the trainer pads it)."""
         if self.config.on_policy:
             return False
         size = self.config.group_size if g.size is None else g.size
         if size > self.config.group_size:
             raise ValueError(
-                f"group {g.uid} has {size} trajectories, more than group_size={self.config.group_size}: set "
-                f"group_size to rollout.n; admission needs one trajectory per session"
+                f"group {g.uid} has {size} rows, more than group_size={self.config.group_size}: set group_size "
+                f"to the rows each group generates; admission needs one row per group member"
             )
         return g.failed or size < self.config.group_size
 
     def blocked(self, oldest_inflight: int | None, version: int) -> bool:
-        """verl's ``wait`` (dropless) rule: no sampling while an in-flight group's span reached the bound."""
+        """The ``wait`` (dropless) rule: no admission while an in-flight group's span reached the bound."""
         cfg = self.config
         if cfg.on_policy or cfg.max_staleness is None or cfg.strategy != "wait" or oldest_inflight is None:
             return False
@@ -213,16 +221,16 @@ class AdmissionController:
         want: int | None = None,
         oldest_inflight: int | None = None,
     ) -> Admission:
-        """Decide on the terminal groups not yet admitted, at policy ``version`` (verl's global step).
+        """Decide on the terminal groups not yet admitted, at policy ``version`` (the trainer's step).
 
         ``inflight`` counts groups still generating, per source; ``oldest_inflight``
-        is the oldest step among them (verl's ``wait`` rule reads it). An offer
-        that evicts admits nothing (verl evicts, refills, then selects on a fresh
-        snapshot). Without ``want``, admits up to ``max_units`` units, oldest
-        groups first, each only if it keeps the remaining quotas satisfiable.
-        With ``want`` (groups), admits exactly that many or none: on-policy, the
-        oldest ``want`` terminal groups as verl's sync sampler; otherwise
-        ``want / unit`` feasible units.
+        is the oldest version among them (the ``wait`` rule reads it). An offer
+        that evicts admits nothing (the caller evicts, refills, then offers a
+        fresh snapshot). Without ``want``, admits up to ``max_units`` units,
+        oldest groups first, each only if it keeps the remaining quotas
+        satisfiable. With ``want`` (groups), admits exactly that many or none:
+        on-policy, the oldest ``want`` terminal groups; otherwise ``want / unit``
+        feasible units.
         """
         self.check_want(want)
         self.check_once(finished)
@@ -239,7 +247,7 @@ class AdmissionController:
         pool.sort(key=lambda g: (g.version, g.uid))
         out.blocked = self.blocked(oldest_inflight, version)
         if out.misfit or out.stale or out.blocked:
-            pass  # verl's order: evictions first (the caller clears, refills, offers a fresh snapshot); wait blocks
+            pass  # evictions first (the caller clears, refills, offers a fresh snapshot); wait blocks
         elif self.config.on_policy:
             if want is not None and len(pool) >= want:
                 self.commit(out, pool[:want])
@@ -248,13 +256,13 @@ class AdmissionController:
         else:
             self.admit_units(out, pool, inflight, max_units)
         admitted = {g.uid for g in out.admitted}
-        # the caller replaces each evicted group one for one (verl's rule): those replacements are supply too
+        # the caller replaces each evicted group one for one: those replacements are supply too
         replaced = [*out.stale, *out.misfit]
         out.deficit = self.deficit([g for g in pool if g.uid not in admitted] + replaced, inflight)
         return out
 
     def check_want(self, want: int | None) -> None:
-        """A sample's size: on-policy the whole step; async whole units within what is left of the train batch."""
+        """A sample's size: on-policy the whole step; otherwise whole units within what is left of the train batch."""
         if self.config.on_policy:
             if want is None or want < 1:
                 raise ValueError("on-policy admission hands over a whole step: give want (the step's groups)")
@@ -264,7 +272,7 @@ class AdmissionController:
             raise ValueError(
                 f"a sample of {want} groups is not a whole number of admission units of {unit} groups within the "
                 f"{self.remaining} left of this train batch ({self.config.batch_groups} groups): batch_groups must be "
-                f"train_batch_size and the trainer's sample size a multiple of the unit"
+                f"the train batch's groups and each sample a multiple of the unit"
             )
 
     def admit_units(self, out: Admission, pool: list[GroupInfo], inflight: Mapping[str, int], max_units: int) -> None:
@@ -321,7 +329,7 @@ class AdmissionController:
     def supply(self, pool: Sequence[GroupInfo], inflight: Mapping[str, int]) -> Counter[str]:
         have: Counter[str] = Counter(self.key(g) for g in pool)
         for s, k in inflight.items():
-            have[s if self.config.quotas is not None else ANY] += k
+            have[s if self.config.quotas is not None else ANY_SOURCE] += k
         return have
 
     def feasible(
@@ -329,7 +337,7 @@ class AdmissionController:
     ) -> bool:
         """After admitting ``taken``, can every remaining quota still be filled from what is left?
 
-        Without per-source quotas any group serves any place: verl samples whatever is there, and so does this.
+        Without per-source quotas any group serves any place: whatever is there is admitted.
         """
         if self.config.quotas is None:
             return True
@@ -339,8 +347,8 @@ class AdmissionController:
     def deficit(self, pool: Sequence[GroupInfo], inflight: Mapping[str, int]) -> dict[str, int]:
         """Groups per source that must be (re)generated for the remaining quotas to be satisfiable.
 
-        Only per-source quotas (Conduit's) have one: without them verl's rules hold,
-        whose only refills replace evicted groups one for one.
+        Only per-source quotas have one: without them the only refills replace
+        evicted groups one for one.
         """
         if self.config.on_policy or self.config.quotas is None:
             return {}

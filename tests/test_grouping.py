@@ -1,13 +1,18 @@
-"""Constraint-preserving admission (pure logic): property test over random finish orders. No verl, no Ray."""
+"""Group-aware admission (conduit.grouping, pure logic): property tests over random finish orders.
+
+The rules are verl's replay buffer's (its sampler is the first user); tests/integrations/test_verl_admission_oracle.py
+compares them with verl's own buffer.
+"""
 
 from __future__ import annotations
 
 import random
 
 import pytest
-from conduit.integrations.verl.admission import AdmissionConfig, AdmissionController, GroupInfo
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from conduit.ext import AdmissionConfig, AdmissionController, GroupInfo
 
 
 @st.composite

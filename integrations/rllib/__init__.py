@@ -13,13 +13,14 @@ What ``enable_conduit`` switches on:
 - DQN / SAC: the replay buffer becomes a :class:`ConduitPrioritizedEpisodeReplayBuffer`
   (or :class:`ConduitEpisodeReplayBuffer`): RLlib's interface outside, Conduit's
   runtime inside (columnar storage, overlapped ingestion, prefetching delivery,
-  generation-checked priority updates); ``staleness="exact"`` reproduces RLlib's
-  stock buffer bit for bit instead. With an in-process learner, the learner takes
-  the buffer's prepared tensors instead of rebuilding them from episodes.
+  generation-checked priority updates); ``staleness="exact"`` runs RLlib's own
+  buffer inside instead (its draws and metrics are RLlib's). With an in-process
+  learner, the learner takes the buffer's prepared tensors instead of rebuilding
+  them from episodes.
 - PPO: the learner prepares mini-batch k+1 while k trains (same mini-batches).
 - Checkpoints include the buffer (RLlib's new stack leaves it out).
-- RLlib's replay-buffer metrics equal stock RLlib's at every iteration's end
-  (exact mode; the bounded mode's differences are listed in :mod:`.buffer`).
+- RLlib's replay-buffer metrics are RLlib's buffer's own in the exact mode; the
+  bounded mode reports RLlib's keys, its differences listed in :mod:`.buffer`.
 - :func:`stats` reads Conduit's counters of an algorithm (buffer, runtime, every learner).
 
 Importing this package imports Ray; ``import conduit`` never does.

@@ -18,8 +18,10 @@ Both read the buffer's options from ``replay_buffer_config["conduit"]`` and
 refresh batch size, ``n_step``, ``gamma``, seed and learner device from the
 algorithm's final config.
 
-RLlib's replay-buffer metrics: the Conduit buffer records them per call for a
-few integer additions (:mod:`.buffer_report`); the expensive part — turning them
+RLlib's replay-buffer metrics: in the exact mode they are RLlib's buffer's own
+(its ``get_metrics()``, aggregated by RLlib's ``training_step`` as stock). In the
+bounded mode the Conduit buffer records them per call for a few integer additions
+(:mod:`.buffer_report`); the expensive part — turning them
 into RLlib's stats and aggregating them into ``REPLAY_BUFFER_RESULTS`` — runs in
 :class:`ConduitAlgorithm`: at the end of a ``training_step`` at most every
 ``METRICS_INTERVAL_S`` seconds, and always when the algorithm reduces its
@@ -43,6 +45,7 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 from ._compat import log
 from .buffer import ConduitEpisodeReplayBuffer, ConduitPrioritizedEpisodeReplayBuffer, _ConduitReplay
 from .learners import ConduitOffPolicyLearner
+from .options import Staleness
 from .sharded import ShardedReplay, wants_shards
 from .sharded import training_step as sharded_training_step
 
@@ -133,8 +136,8 @@ class ConduitAlgorithm:
         self._metrics_flushed_at = time.monotonic()
         super().setup(config)  # type: ignore[misc]
         buffer = getattr(self, "local_replay_buffer", None)
-        if isinstance(buffer, _ConduitReplay):
-            buffer.defer_metrics = True
+        if isinstance(buffer, _ConduitReplay) and buffer.staleness is Staleness.BOUNDED:
+            buffer.defer_metrics = True  # the exact mode's metrics are RLlib's buffer's own, reduced by it
         #: several learners: the buffer sharded over the learner actors (:mod:`.sharded`), else None
         self.conduit_shards = ShardedReplay(self) if wants_shards(self.config) else None
 

@@ -31,10 +31,8 @@ import numpy as np
 import torch
 
 import conduit
-from conduit.batch import BatchInfo
-from conduit.buffers.replay import ReplayBuffer
-from conduit.errors import SemanticsError
-from conduit.hooks import Reader, Writer
+from conduit import BatchInfo, Reader, SemanticsError, Writer
+from conduit.ext import ReplayBuffer
 
 from .columnar import HostGatherStoragePolicy
 from .episodes import LEARNER_COLUMNS, Chunk, PreparedBatch, learner_dtype

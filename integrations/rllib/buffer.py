@@ -1,4 +1,4 @@
-"""RLlib's episode replay buffers, with Conduit's runtime inside.
+"""RLlib's episode replay buffers with Conduit inside: its runtime (bounded) or RLlib's own buffer (exact).
 
 ``ConduitPrioritizedEpisodeReplayBuffer`` subclasses RLlib's
 ``PrioritizedEpisodeReplayBuffer`` (so DQN's ``training_step`` routes TD errors to
@@ -7,13 +7,14 @@ its ``update_priorities``) and ``ConduitEpisodeReplayBuffer`` subclasses
 takes episode chunks, ``sample`` returns one-step ``SingleAgentEpisode``\\s with
 ``weights`` and ``n_step`` in ``extra_model_outputs``, ``update_priorities``
 applies to the last sampled batch, ``get_metrics`` / ``get_state`` /
-``set_state`` / ``__len__`` as RLlib defines them. Inside, columnar storage and
-one of two stores (see :class:`~.options.Staleness`): :class:`~.exact_store.ExactStore`
-(RLlib's semantics bit for bit) or :class:`~.bounded_store.BoundedStore`
-(Conduit's runtime, prefetching delivery).
+``set_state`` / ``__len__`` as RLlib defines them. Inside, one of two stores (see
+:class:`~.options.Staleness`): :class:`~.exact.ExactReplay` (RLlib's own buffer
+of the same class, run as is: its draws and metrics are RLlib's by construction)
+or :class:`~.bounded_store.BoundedStore` (Conduit's runtime over columnar
+storage, prefetching delivery).
 
-RLlib's metrics (``get_metrics``, see :mod:`.buffer_report`): the exact mode reports every key
-RLlib's buffer reports, with RLlib's values. The bounded mode reports the same keys but
+RLlib's metrics (``get_metrics``): the exact mode returns RLlib's buffer's own
+``get_metrics()``. The bounded mode (see :mod:`.buffer_report`) reports RLlib's keys but
 ``num_episodes_per_sample`` (and its per-agent / per-module keys: ring rows carry no
 episode id); its counts of what was added (env steps, episodes) and sampled (env
 steps; resamples are 0) are exact. What differs follows from its storage: the
@@ -28,8 +29,8 @@ one lock, so the buffer is the single owner of its store, and the store's own
 worker threads only touch the core runtime's (thread-safe) ring.
 
 Nothing unpicklable is created before it is needed: the constructor takes plain
-values (``replay_buffer_config`` entries), the runtime starts at the first
-``sample()``, and pickling a buffer pickles its constructor arguments and state.
+values (``replay_buffer_config`` entries), the bounded mode's runtime starts at the
+first ``sample()``, and pickling a buffer pickles its constructor arguments and state.
 """
 
 from __future__ import annotations
@@ -45,33 +46,34 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.utils import force_list
 from ray.rllib.utils.replay_buffers import EpisodeReplayBuffer, PrioritizedEpisodeReplayBuffer
 
-from conduit.errors import ConfigError, SemanticsError
-from conduit.stats import RuntimeStats
+from conduit import ConfigError, RuntimeStats, SemanticsError
 
 from .bounded_store import BoundedStore, Handle
 from .buffer_report import BufferReport, ConduitBufferStats
-from .columnar import HostGatherStoragePolicy
-from .episodes import PreparedBatch, SampledEpisodes, chunk_from_episode, learner_dtype, materialize
-from .exact_store import ExactDraw, ExactStore
+from .episodes import PreparedBatch, SampledEpisodes, chunk_from_episode, materialize
+from .exact import ExactReplay, prepared_batch
 from .options import BufferOptions, Staleness, parse_options
 
 __all__ = ["ConduitBufferStats", "ConduitEpisodeReplayBuffer", "ConduitPrioritizedEpisodeReplayBuffer"]
 
-STATE_VERSION = 1
+#: 2: the exact mode's state is RLlib's buffer's own; the bounded mode's is unchanged since 1
+STATE_VERSION = 2
+_LOADS = {Staleness.BOUNDED.value: (1, 2), Staleness.EXACT.value: (2,)}
 
 @dataclass
 class _Handed:
-    """A batch handed out by ``sample()`` and still waiting for its priorities."""
+    """A bounded-mode batch handed out by ``sample()`` and still waiting for its priorities."""
 
     size: int
-    exact: tuple[np.ndarray, np.ndarray] | None = None  # (nodes, generations)
-    bounded: Handle | None = None
+    handle: Handle
 
 
 class _ConduitReplay:
     """The shared implementation, mixed in front of RLlib's buffer class."""
 
     _prioritized: ClassVar[bool] = False
+    #: the RLlib buffer class the exact mode runs (the one the config names)
+    _rllib_class: ClassVar[type[EpisodeReplayBuffer]] = EpisodeReplayBuffer
     _MAX_HANDED = 64
 
     def __init__(
@@ -103,12 +105,16 @@ class _ConduitReplay:
         )
         self._lock = threading.RLock()
         self._device = torch.device(self.options.learner_device)
-        self._store: ExactStore | BoundedStore
+        self._store: ExactReplay | BoundedStore
         if self.options.staleness is Staleness.EXACT:
-            self._store = ExactStore(
-                capacity, prioritized=self._prioritized, alpha=alpha,
-                policy=HostGatherStoragePolicy(self.options.storage_device or "cpu"), seed=self.options.seed,
+            rllib_args: dict[str, Any] = dict(
+                capacity=capacity, batch_size_B=batch_size_B, batch_length_T=batch_length_T,
+                metrics_num_episodes_for_smoothing=metrics_num_episodes_for_smoothing,
             )
+            if self._prioritized:
+                rllib_args["alpha"] = alpha
+            self._store = ExactReplay(self._rllib_class, prioritized=self._prioritized, seed=self.options.seed,
+                                      **rllib_args)
         else:
             self._store = BoundedStore(
                 capacity, prioritized=self._prioritized, alpha=alpha, beta=beta, options=self.options
@@ -119,19 +125,24 @@ class _ConduitReplay:
         self._episodes_added = 0
         self.stats = ConduitBufferStats()
         self._report = BufferReport(metrics_num_episodes_for_smoothing)
-        #: True: ``get_metrics()`` only marks RLlib's reduce point; the owner calls ``flush_metrics``
+        #: bounded mode: True makes ``get_metrics()`` only mark RLlib's reduce point; the owner calls
+        #: ``flush_metrics``. The exact mode always returns RLlib's own ``get_metrics()``.
         self.defer_metrics = False
 
     # -- RLlib's `rng` attribute (users set it for reproducibility) ------------------------
     @property
     def rng(self) -> np.random.Generator:
         store = self.__dict__.get("_store")
+        if isinstance(store, ExactReplay):
+            return store.buffer.rng
         return store.rng if store is not None else np.random.default_rng()
 
     @rng.setter
     def rng(self, value: np.random.Generator) -> None:
         store = self.__dict__.get("_store")
-        if store is not None:  # RLlib's own constructor sets an unseeded rng before the store exists
+        if isinstance(store, ExactReplay):
+            store.buffer.rng = value
+        elif store is not None:  # RLlib's own constructor sets an unseeded rng before the store exists
             store.rng = value
 
     @property
@@ -140,21 +151,27 @@ class _ConduitReplay:
 
     # -- add ---------------------------------------------------------------------------
     def add(self, episodes: SingleAgentEpisode | list[SingleAgentEpisode], weight: float | None = None) -> None:
+        store = self._store
+        if isinstance(store, ExactReplay):
+            episodes = force_list(episodes)
+            if not episodes:
+                return
+            with self._lock:
+                steps = store.add(episodes, weight)
+                self.stats.adds += 1
+                self.stats.added_timesteps += steps
+            return
         chunks = [chunk_from_episode(e) for e in force_list(episodes)]
         if not chunks:
             return
         with self._lock:
             if self._spaces[0] is None:
                 self._spaces = (chunks[0].observation_space, chunks[0].action_space)
-            store = self._store
-            if isinstance(store, ExactStore):
-                steps, new_eps, ev_steps, ev_eps = store.add(chunks, weight)
-            else:
-                new_eps = sum(c.id not in store.episode_last_row for c in chunks)
-                before, overflow = store.num_episodes, max(0, store.rows_total - store.capacity)
-                steps = store.add(chunks)  # FIFO: rows past capacity overwrite the oldest
-                ev_steps = max(0, store.rows_total - store.capacity) - overflow
-                ev_eps = max(0, before + new_eps - store.num_episodes)
+            new_eps = sum(c.id not in store.episode_last_row for c in chunks)
+            before, overflow = store.num_episodes, max(0, store.rows_total - store.capacity)
+            steps = store.add(chunks)  # FIFO: rows past capacity overwrite the oldest
+            ev_steps = max(0, store.rows_total - store.capacity) - overflow
+            ev_eps = max(0, before + new_eps - store.num_episodes)
             self._episodes_added += new_eps
             self.stats.adds += 1
             self.stats.added_timesteps += steps
@@ -178,34 +195,36 @@ class _ConduitReplay:
         min_batch_length_T: int = 0,
         **kwargs: Any,
     ) -> list[SingleAgentEpisode]:
-        """One-step episodes, as RLlib's buffer returns them (built lazily for a Conduit learner)."""
+        """One-step episodes, as RLlib's buffer returns them (built lazily for a Conduit learner).
+
+        Exact mode: RLlib's own ``sample`` with these arguments, drawn now (never ahead: an ``add``
+        or a priority update before this call changes what it draws).
+        """
         if num_items is not None and batch_size_B is not None:
             raise ValueError("Cannot call `sample()` with both `num_items` and `batch_size_B` provided!")
+        if isinstance(self._store, ExactReplay):
+            return self._sample_exact(
+                dict(num_items=num_items, batch_size_B=batch_size_B, batch_length_T=batch_length_T, n_step=n_step,
+                     beta=beta, gamma=gamma, include_infos=include_infos,
+                     include_extra_model_outputs=include_extra_model_outputs, to_numpy=to_numpy,
+                     sample_episodes=sample_episodes, lookback=lookback, min_batch_length_T=min_batch_length_T,
+                     **kwargs)
+            )
         size = num_items or batch_size_B or self.batch_size_B
         self._check_sample_args(include_infos, include_extra_model_outputs, sample_episodes, batch_length_T,
                                 min_batch_length_T, beta)
         with self._lock:
             store = self._store
-            if isinstance(store, ExactStore):
-                draw = store.sample(size, n_step, gamma, beta)
-                batch = self._prepare_exact(draw)
-                handed = _Handed(batch.size, exact=(draw.slots, draw.gens))
-                # RLlib counts distinct episodes and distinct (episode, t) — a node holds one (episode, t)
-                self._report.sampled(size, draw.episodes, len(np.unique(draw.slots)), int(draw.n_step.sum()),
-                                     draw.resamples)
-                self.stats.inline_samples += 1
-            else:
-                self._check_fold(n_step, gamma)
-                batch, handle = store.sample(size, beta)
-                handed = _Handed(batch.size, bounded=handle)
-                # rows carry no episode id: distinct episodes per sample is not reported in this mode
-                self._report.sampled(size, None, len(np.unique(handle.ids)), store.folder.n * size, 0)
-                self.stats.prefetched_samples += int(handle.prefetched)
-                self.stats.inline_samples += int(not handle.prefetched)
-                self.stats.staleness_sum += handle.staleness
-                self.stats.staleness_max = max(self.stats.staleness_max, handle.staleness)
+            self._check_fold(n_step, gamma)
+            batch, handle = store.sample(size, beta)
+            # rows carry no episode id: distinct episodes per sample is not reported in this mode
+            self._report.sampled(size, len(np.unique(handle.ids)), store.folder.n * size)
+            self.stats.prefetched_samples += int(handle.prefetched)
+            self.stats.inline_samples += int(not handle.prefetched)
+            self.stats.staleness_sum += handle.staleness
+            self.stats.staleness_max = max(self.stats.staleness_max, handle.staleness)
             batch.observation_space, batch.action_space = self._spaces
-            batch.batch_id = self._hand_out(handed)
+            batch.batch_id = self._hand_out(_Handed(batch.size, handle))
             self.stats.samples += 1
             self.stats.sampled_timesteps += batch.size
 
@@ -218,18 +237,42 @@ class _ConduitReplay:
             return SampledEpisodes(batch, build)
         return build(batch)
 
+    def _sample_exact(self, args: dict[str, Any]) -> list[SingleAgentEpisode]:
+        store = self._store
+        assert isinstance(store, ExactReplay)
+        with self._lock:
+            episodes = store.sample(**args)
+            batch_id = self._next_batch_id
+            self._next_batch_id += 1
+            self.stats.samples += 1
+            self.stats.inline_samples += 1
+            self.stats.sampled_timesteps += len(episodes)
+        one_step = args["sample_episodes"] and not (
+            args["batch_length_T"] or args["lookback"] or args["min_batch_length_T"] or args["include_infos"]
+            or args["include_extra_model_outputs"]
+        )
+        if not (self.options.prepared_batches and one_step and episodes):
+            return episodes
+        batch = prepared_batch(episodes, self._device)
+        batch.batch_id = batch_id
+
+        def build(b: PreparedBatch) -> list[SingleAgentEpisode]:
+            return episodes  # RLlib's own episodes, as its buffer returned them
+
+        return SampledEpisodes(batch, build)
+
     def _check_sample_args(self, infos: bool, extra: bool, episodes: bool, length_t: int | None,
                            min_length_t: int, beta: float) -> None:
         if infos or extra:
             raise NotImplementedError(
-                "include_infos / include_extra_model_outputs: the Conduit replay buffer stores observations, "
-                "actions and rewards only"
+                "include_infos / include_extra_model_outputs: the bounded-mode Conduit replay buffer stores "
+                "observations, actions and rewards only (staleness='exact' runs RLlib's buffer, which has them)"
             )
         if beta < 0:
             raise ValueError(f"beta: expected >= 0, got {beta}")
         if not self._prioritized and (not episodes or length_t or min_length_t):
             raise NotImplementedError(
-                "the Conduit EpisodeReplayBuffer samples one-step episodes (sample_episodes=True, "
+                "the bounded-mode Conduit EpisodeReplayBuffer samples one-step episodes (sample_episodes=True, "
                 f"batch_length_T=0, min_batch_length_T=0); got sample_episodes={episodes}, "
                 f"batch_length_T={length_t}, min_batch_length_T={min_length_t}"
             )
@@ -244,32 +287,6 @@ class _ConduitReplay:
                 "(enable_conduit does) or use staleness='exact'"
             )
 
-    def _prepare_exact(self, draw: ExactDraw) -> PreparedBatch:
-        assert isinstance(self._store, ExactStore)
-        rows = self._store.rows.gather(draw.slots)
-        if not np.array_equal(draw.next_slots, draw.slots):
-            rows["next_obs"] = self._store.rows.gather(draw.next_slots)["next_obs"]
-        dev = self._device
-
-        def col(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=dev, dtype=learner_dtype(t.dtype))
-
-        columns = {
-            "obs": col(rows["obs"]),
-            "new_obs": col(rows["next_obs"]),
-            "actions": col(rows["actions"]),
-            "rewards": torch.from_numpy(draw.returns).to(device=dev, dtype=torch.float32),
-            "terminateds": torch.from_numpy(draw.terminated).to(dev),
-            "truncateds": torch.from_numpy(draw.truncated).to(dev),
-            "weights": torch.from_numpy(draw.weights).to(device=dev, dtype=torch.float32),
-            "n_step": torch.from_numpy(draw.n_step.astype(np.int64)).to(dev),
-        }
-        extras = {
-            "returns": draw.returns, "weights": draw.weights, "n_step": draw.n_step,
-            "terminated": draw.terminated, "truncated": draw.truncated, "t_started": draw.t_started,
-        }
-        return PreparedBatch(columns, extras)
-
     def _hand_out(self, handed: _Handed) -> int:
         batch_id = self._next_batch_id
         self._next_batch_id += 1
@@ -282,14 +299,24 @@ class _ConduitReplay:
     def update_priorities(self, priorities: Any, module_id: str | None = None, *, batch_id: int | None = None) -> int:
         """New priorities for a sampled batch (default: the last one); returns how many landed.
 
-        Rows whose transition left the buffer since the batch was drawn are skipped.
+        Exact mode: RLlib's own ``update_priorities`` with the priorities as given, for the last
+        sampled batch only. Bounded mode: rows whose transition left the buffer since the batch
+        was drawn are skipped.
         """
-        if isinstance(priorities, torch.Tensor):
-            priorities = priorities.detach().cpu().numpy()
-        pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
         with self._lock:
             if not self._prioritized:
                 return 0
+            store = self._store
+            if isinstance(store, ExactReplay):
+                if batch_id is not None and batch_id != self._next_batch_id - 1:
+                    raise SemanticsError(f"update_priorities: the exact mode updates the last sampled batch only, "
+                                         f"not batch {batch_id}")
+                applied = store.update_priorities(priorities, module_id)
+                self._count_update(applied, applied)
+                return applied
+            if isinstance(priorities, torch.Tensor):
+                priorities = priorities.detach().cpu().numpy()
+            pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
             if batch_id is None:
                 batch_id = next(reversed(self._handed), None)
             handed = self._handed.pop(batch_id, None) if batch_id is not None else None
@@ -300,62 +327,67 @@ class _ConduitReplay:
                 )
             if len(pr) != handed.size:
                 raise ValueError(f"update_priorities: {len(pr)} priorities for a batch of {handed.size} transitions")
-            if handed.exact is not None:
-                assert isinstance(self._store, ExactStore)
-                applied = self._store.update_priorities(handed.exact[0], handed.exact[1], pr)
-            else:
-                assert isinstance(self._store, BoundedStore) and handed.bounded is not None
-                applied = self._store.update_priorities(handed.bounded, pr)
-            s = self.stats
-            s.priority_updates += 1
-            s.priority_batches_matched += 1
-            s.priority_rows_applied += applied
-            s.priority_rows_dropped += len(pr) - applied
+            applied = store.update_priorities(handed.handle, pr)
+            self._count_update(len(pr), applied)
             return applied
+
+    def _count_update(self, rows: int, applied: int) -> None:
+        s = self.stats
+        s.priority_updates += 1
+        s.priority_batches_matched += 1
+        s.priority_rows_applied += applied
+        s.priority_rows_dropped += rows - applied
 
     # -- sizes (RLlib's accessors) ---------------------------------------------------------
     def __len__(self) -> int:
         return self.get_num_timesteps()
 
     def get_num_timesteps(self, module_id: str | None = None) -> int:
-        return len(self._store)
+        store = self._store
+        return store.buffer.get_num_timesteps() if isinstance(store, ExactReplay) else len(store)
 
     def get_num_episodes(self, module_id: str | None = None) -> int:
         store = self._store
-        return len(store.episodes) if isinstance(store, ExactStore) else store.num_episodes
+        return store.buffer.get_num_episodes() if isinstance(store, ExactReplay) else store.num_episodes
 
     def get_num_episodes_evicted(self, module_id: str | None = None) -> int:
         store = self._store
-        if isinstance(store, ExactStore):
-            return store.episodes.evicted
+        if isinstance(store, ExactReplay):
+            return store.buffer.get_num_episodes_evicted()
         return max(0, self._episodes_added - store.num_episodes)
 
     def get_added_timesteps(self, module_id: str | None = None) -> int:
         store = self._store
-        return store.num_added if isinstance(store, ExactStore) else store.rows_total
+        return store.buffer.get_added_timesteps() if isinstance(store, ExactReplay) else store.rows_total
 
     def get_sampled_timesteps(self, module_id: str | None = None) -> int:
-        return self.stats.sampled_timesteps
+        store = self._store
+        return store.buffer.get_sampled_timesteps() if isinstance(store, ExactReplay) else self.stats.sampled_timesteps
 
     # -- metrics ------------------------------------------------------------------------------
     def get_metrics(self) -> dict[str, Any]:
         """RLlib's replay-buffer metrics since the last call, reduced as RLlib's buffer reduces them.
 
-        With :attr:`defer_metrics` set (``ConduitAlgorithm`` sets it), this only marks RLlib's reduce
-        point and returns ``{}``; the algorithm then calls :meth:`flush_metrics`, throttled, and
-        always before it compiles an iteration's results, so the values are RLlib's at every
-        iteration's end.
+        Exact mode: RLlib's buffer's own ``get_metrics()``. Bounded mode, with :attr:`defer_metrics`
+        set (``ConduitAlgorithm`` sets it): this only marks RLlib's reduce point and returns ``{}``;
+        the algorithm then calls :meth:`flush_metrics`, throttled, and always before it compiles an
+        iteration's results, so the values are RLlib's at every iteration's end.
         """
         with self._lock:
+            store = self._store
+            if isinstance(store, ExactReplay):
+                return store.buffer.get_metrics()
             self._report.close_cycle()
             if self.defer_metrics:
                 return {}
             return self._report.reduced(self.metrics.stats_cls_lookup, self.stats)
 
     def flush_metrics(self, logger: Any) -> int:
-        """Aggregate the metrics of every finished cycle into ``logger`` (the algorithm's), under
-        ``REPLAY_BUFFER_RESULTS`` as RLlib's DQN does; returns how many cycles were flushed."""
+        """Bounded mode: aggregate the metrics of every finished cycle into ``logger`` (the algorithm's),
+        under ``REPLAY_BUFFER_RESULTS`` as RLlib's DQN does; returns how many cycles were flushed."""
         with self._lock:
+            if isinstance(self._store, ExactReplay):
+                return 0
             return self._report.flush(logger, self.metrics.stats_cls_lookup, self.stats)
 
     def runtime_stats(self) -> RuntimeStats | None:
@@ -373,19 +405,9 @@ class _ConduitReplay:
 
     # -- contents and persistence ------------------------------------------------------------
     def contents(self) -> dict[str, np.ndarray]:
-        """Stored transitions as columns (exact: RLlib's `_indices` order; bounded: oldest first)."""
+        """Stored transitions as columns (exact: RLlib's episodes in order; bounded: oldest first)."""
         with self._lock:
-            store = self._store
-            if isinstance(store, BoundedStore):
-                return store.contents()
-            if len(store) == 0:
-                return {}
-            nodes = store.ix_node.view().copy()
-            rows = {k: v.cpu().numpy() for k, v in store.rows.gather(nodes).items()}
-            rows["rewards"] = store.rows.rewards[nodes].copy()
-            rows["episode"] = store.ix_eps.view().copy()
-            rows["t"] = store.ix_ts.view().copy()
-            return rows
+            return self._store.contents()
 
     def get_state(self) -> dict[str, Any]:
         with self._lock:
@@ -401,14 +423,16 @@ class _ConduitReplay:
             }
 
     def set_state(self, state: dict[str, Any]) -> None:
-        if state.get("conduit_version") != STATE_VERSION:
+        version, staleness = state.get("conduit_version"), state.get("staleness")
+        if version not in _LOADS.get(str(staleness), ()):
             raise ConfigError(
-                f"not a Conduit replay-buffer state (conduit_version={state.get('conduit_version')!r}, "
-                f"expected {STATE_VERSION}); RLlib's own buffer states cannot be loaded into it"
+                f"not a Conduit replay-buffer state this version loads (conduit_version={version!r}, "
+                f"staleness={staleness!r}; expected {STATE_VERSION}); RLlib's own buffer states cannot be loaded "
+                "into it"
             )
-        if state["staleness"] != self.options.staleness.value or state["prioritized"] != self._prioritized:
+        if staleness != self.options.staleness.value or state["prioritized"] != self._prioritized:
             raise ConfigError(
-                f"buffer state is staleness={state['staleness']!r}, prioritized={state['prioritized']}; "
+                f"buffer state is staleness={staleness!r}, prioritized={state['prioritized']}; "
                 f"this buffer is staleness={self.options.staleness.value!r}, prioritized={self._prioritized}"
             )
         with self._lock:
@@ -420,9 +444,10 @@ class _ConduitReplay:
             self._handed.clear()
 
     def close(self) -> None:
-        """Stop the runtime's workers (idempotent); the algorithm calls it on ``stop()``."""
+        """Stop the bounded mode's runtime workers (idempotent); the algorithm calls it on ``stop()``."""
         with self._lock:
-            self._store.close()
+            if isinstance(self._store, BoundedStore):
+                self._store.close()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), self._init_kwargs, self.get_state()))
@@ -435,12 +460,15 @@ def _rebuild(cls: type[_ConduitReplay], kwargs: dict[str, Any], state: dict[str,
 
 
 class ConduitEpisodeReplayBuffer(_ConduitReplay, EpisodeReplayBuffer):
-    """Uniform replay: RLlib's ``EpisodeReplayBuffer`` interface, Conduit inside."""
+    """Uniform replay: RLlib's ``EpisodeReplayBuffer`` interface, Conduit inside (exact mode: the RLlib buffer)."""
 
     _prioritized = False
+    _rllib_class = EpisodeReplayBuffer
 
 
 class ConduitPrioritizedEpisodeReplayBuffer(_ConduitReplay, PrioritizedEpisodeReplayBuffer):
-    """Prioritized replay: RLlib's ``PrioritizedEpisodeReplayBuffer`` interface, Conduit inside."""
+    """Prioritized replay: RLlib's ``PrioritizedEpisodeReplayBuffer`` interface, Conduit inside (exact mode:
+    the RLlib buffer)."""
 
     _prioritized = True
+    _rllib_class = PrioritizedEpisodeReplayBuffer

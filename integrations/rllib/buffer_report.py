@@ -4,21 +4,23 @@
 and inline samples, priority updates matched to their batch, rows dropped by the
 generation check) so tests can assert them.
 
-:class:`BufferReport` produces RLlib 2.60's replay-buffer metrics — every key
+:class:`BufferReport` is the bounded mode's ``get_metrics()`` (the exact mode
+returns RLlib's buffer's own). It reports the keys RLlib 2.60's
 ``EpisodeReplayBuffer._update_add_metrics`` / ``_update_sample_metrics`` log,
-per-agent and per-module ones included — with the values stock RLlib's
-algorithm ends up with, at a fraction of the cost. Stock RLlib logs about thirty
-values per ``add`` and per ``sample`` into the buffer's ``MetricsLogger``,
-reduces it on every ``get_metrics()`` (one *cycle*) and aggregates each result
-into the algorithm's logger: about a millisecond per DQN training step. Here an
-``add`` / ``sample`` only bumps a few integers and appends to short lists of the
-current cycle; ``get_metrics()`` closes the cycle (cheap); and :meth:`flush`
-turns every closed cycle into the reduced stats RLlib's buffer would have
-produced and aggregates them all in one call. The result is RLlib's, bit for
-bit: sums and lifetime sums are integer totals, and each windowed mean gets one
-value per cycle (the cycle's mean of its last ``window`` values, ``NaN`` for a
-cycle without any), in order — exactly the values the algorithm's logger would
-have merged. Only the flush is throttled; see ``ConduitAlgorithm`` for when it runs.
+per-agent and per-module ones included, but the distinct episodes per sample
+(ring rows carry no episode id), reduced the way RLlib's loggers reduce them, for
+the counts the ring gives it (:mod:`.buffer` says which differ from stock RLlib's
+by design). It does so cheaply. Stock RLlib logs about thirty values per ``add``
+and per ``sample`` into the buffer's ``MetricsLogger``, reduces it on every
+``get_metrics()`` (one *cycle*) and aggregates each result into the algorithm's
+logger: about a millisecond per DQN training step. Here an ``add`` / ``sample``
+only bumps a few integers and appends to short lists of the current cycle;
+``get_metrics()`` closes the cycle (cheap); and :meth:`flush` turns every closed
+cycle into the reduced stats RLlib's buffer logger would have produced from the
+same values and aggregates them all in one call: sums and lifetime sums are
+integer totals, and each windowed mean gets one value per cycle (the cycle's mean
+of its last ``window`` values, ``NaN`` for a cycle without any), in order. Only
+the flush is throttled; see ``ConduitAlgorithm`` for when it runs.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ from ray.rllib.utils.metrics import (
     NUM_AGENT_EPISODES_ADDED_LIFETIME,
     NUM_AGENT_EPISODES_EVICTED,
     NUM_AGENT_EPISODES_EVICTED_LIFETIME,
-    NUM_AGENT_EPISODES_PER_SAMPLE,
     NUM_AGENT_RESAMPLES,
     NUM_AGENT_STEPS_ADDED,
     NUM_AGENT_STEPS_ADDED_LIFETIME,
@@ -63,13 +64,11 @@ from ray.rllib.utils.metrics import (
     NUM_EPISODES_ADDED_LIFETIME,
     NUM_EPISODES_EVICTED,
     NUM_EPISODES_EVICTED_LIFETIME,
-    NUM_EPISODES_PER_SAMPLE,
     NUM_EPISODES_STORED,
     NUM_MODULE_EPISODES_ADDED,
     NUM_MODULE_EPISODES_ADDED_LIFETIME,
     NUM_MODULE_EPISODES_EVICTED,
     NUM_MODULE_EPISODES_EVICTED_LIFETIME,
-    NUM_MODULE_EPISODES_PER_SAMPLE,
     NUM_MODULE_RESAMPLES,
     NUM_MODULE_STEPS_ADDED,
     NUM_MODULE_STEPS_ADDED_LIFETIME,
@@ -104,8 +103,6 @@ _ADD_COUNTS: list[tuple[str, tuple[Key, ...], tuple[Key, ...]]] = [
       (NUM_MODULE_STEPS_EVICTED_LIFETIME, _M))),
 ]
 _SAMPLE_COUNTS: list[tuple[str, tuple[Key, ...], tuple[Key, ...]]] = [
-    ("episodes_per_sample",
-     (NUM_EPISODES_PER_SAMPLE, (NUM_AGENT_EPISODES_PER_SAMPLE, _A), (NUM_MODULE_EPISODES_PER_SAMPLE, _M)), ()),
     ("steps_per_sample",
      (NUM_ENV_STEPS_PER_SAMPLE, (NUM_AGENT_STEPS_PER_SAMPLE, _A), (NUM_MODULE_STEPS_PER_SAMPLE, _M)),
      (NUM_ENV_STEPS_PER_SAMPLE_LIFETIME, (NUM_AGENT_STEPS_PER_SAMPLE_LIFETIME, _A),
@@ -185,7 +182,7 @@ class BufferReport:
         self.window = window
         self.current = _Cycle(window)
         self.closed: list[_Cycle] = []
-        #: which families of keys were ever logged ("add", "sample", "n_step", "episodes_per_sample"):
+        #: which families of keys were ever logged ("add", "sample", "n_step"):
         #: RLlib's logger keeps a key once logged and reduces it in every later cycle
         self.families: set[str] = set()
         self.conduit_reported = dict.fromkeys(_CONDUIT_COUNTS, 0)
@@ -202,19 +199,16 @@ class BufferReport:
         c.log("steps_stored", stored_steps)
         self.families.add("add")
 
-    def sampled(self, size: int, unique_episodes: int | None, unique_steps: int, n_step_sum: int,
-                resamples: int) -> None:
+    def sampled(self, size: int, unique_steps: int, n_step_sum: int) -> None:
         """One ``sample()`` of ``size`` items: what RLlib's ``_update_sample_metrics`` is given.
 
-        ``unique_episodes`` None: not known (the bounded mode), so not reported.
+        Ring rows carry no episode id, so the distinct episodes per sample are not reported; a ring
+        row is never rejected, so there are no resamples.
         """
         c = self.current
-        if unique_episodes is not None:
-            c.count("episodes_per_sample", unique_episodes)
-            self.families.add("episodes_per_sample")
         c.count("steps_per_sample", unique_steps)
         c.count("steps_sampled", size)
-        c.count("resamples", resamples)
+        c.count("resamples", 0)
         c.log("utilization", unique_steps / size)
         self.families.add("sample")
         if n_step_sum:  # RLlib logs the n-step means only when the mean is non-zero
@@ -246,8 +240,6 @@ class BufferReport:
         )
         for _, table in count_groups:
             for name, sums, lifetimes in table:
-                if name == "episodes_per_sample" and name not in self.families:
-                    continue  # the bounded mode does not know it
                 seen = [c.counts[name] for c in cycles if name in c.counts]
                 total = sum(seen)
                 for key in sums:

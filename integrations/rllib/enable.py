@@ -26,7 +26,7 @@ from ray.rllib.algorithms.dqn import DQN, DQNConfig
 from ray.rllib.algorithms.ppo import PPOConfig
 from ray.rllib.algorithms.sac import SAC, SACConfig
 
-from conduit.errors import ConfigError
+from conduit import ConfigError
 
 from ._compat import log
 from .algorithms import ConduitAlgorithm, ConduitDQN, ConduitSAC, install_conduit_buffer

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 
-from conduit.errors import SpecError
+from conduit import SpecError
 
 __all__ = [
     "LEARNER_COLUMNS",

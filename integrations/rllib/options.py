@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from conduit.config import explain
-from conduit.errors import ConfigError
+from conduit import ConfigError
+from conduit.ext import explain
 
 __all__ = ["BufferOptions", "ConduitRLlibOptions", "Staleness", "parse_options"]
 
@@ -24,9 +24,12 @@ __all__ = ["BufferOptions", "ConduitRLlibOptions", "Staleness", "parse_options"]
 class Staleness(str, Enum):
     """How a Conduit replay buffer relates to RLlib's stock buffer.
 
-    ``exact``: RLlib's semantics bit for bit (same episodes kept and evicted, the
-    same draw order from the buffer's ``rng``, the same importance weights); the
-    draw runs inline at ``sample()``, so there is nothing to prefetch.
+    ``exact``: RLlib's own buffer of the configured class runs inside
+    (:mod:`.exact`), so the episodes kept and evicted, the draws from the buffer's
+    ``rng``, the importance weights and the metrics are RLlib's by construction;
+    the draw runs inline at ``sample()`` (an ``add`` or a priority update between
+    two samples changes the next draw), so there is nothing to prefetch.
+    ``prefetch``, ``max_staleness`` and ``storage_device`` apply to the bounded mode only.
 
     ``bounded``: Conduit's runtime (FIFO ring, vectorized prioritized sampler,
     overlapped ingestion, prefetching delivery). A batch handed out may have been

@@ -39,7 +39,7 @@ from ray.rllib.utils.metrics import TD_ERROR_KEY
 from ray.rllib.utils.numpy import convert_to_numpy
 
 import conduit
-from conduit.errors import RuntimeFailed, SemanticsError
+from conduit import RuntimeFailed, SemanticsError
 
 from .bounded_store import learner_columns
 from .episodes import LEARNER_COLUMNS, chunk_from_episode
@@ -253,7 +253,7 @@ class ShardedReplay:
 
     # -- counters, checkpoints, lifecycle --------------------------------------------------------
     def shard_counts(self) -> list[dict[str, Any]]:
-        """Per shard: its rank, the group's :class:`~conduit.distributed.options.DistributedStats` and the rows it
+        """Per shard: its rank, the group's :class:`~conduit.distributed.DistributedStats` and the rows it
         sampled (collective over the learners)."""
         return self._call(_counts, "stats")
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from conduit.distributed.options import DistributedStats
-from conduit.stats import RuntimeStats
+from conduit import RuntimeStats
+from conduit.distributed import DistributedStats
 
 from .buffer import ConduitBufferStats, _ConduitReplay
 from .learners import ConduitOffPolicyLearner, ConduitPPOTorchLearner

@@ -126,9 +126,14 @@ def test_exact_mode_dqn_samples_what_rllib_samples():
         runs[name] = []
         _record_samples(algo, runs[name])
         train(algo, 2)
+        if name == "conduit":
+            got = stats(algo)
         algo.stop()
     assert len(runs["stock"]) > 100 * 16
     assert runs["conduit"] == runs["stock"]
+    # the hand-off: the learner trained on the buffer's prepared tensors, never on rebuilt episodes
+    assert got.buffer is not None and got.runtime is None and got.buffer.materialized_batches == 0
+    assert got.learners[0].prepared_batches == got.buffer.samples > 100 and got.learners[0].connector_batches == 0
 
 
 class RecordingPPOLearner(PPOTorchLearner):

@@ -1,10 +1,11 @@
 """The Conduit replay buffers against RLlib's own, on real CartPole episode chunks (no algorithm).
 
-Parity: in ``exact`` mode the Conduit buffers return the transitions RLlib's stock
-buffers return, with the same weights, draw for draw, through evictions, for
-fixed and random n-step; the priority trees stay equal. The prepared batch equals
-what RLlib's learner connector builds from the same episodes. Bounded mode: lazy
-episodes, generation-checked priority updates, state round trips.
+Parity: in ``exact`` mode the Conduit buffers (RLlib's own buffer inside) return the
+transitions RLlib's stock buffers return, with the same weights, draw for draw,
+through evictions, for fixed and random n-step; the priority trees stay equal. The
+prepared batch equals what RLlib's learner connector builds from the same
+episodes. Bounded mode: lazy episodes, generation-checked priority updates, state
+round trips.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ def test_exact_mode_matches_rllib_draw_for_draw(cartpole_chunks, prioritized, n_
             priorities = np.abs(td.normal(size=24))
             stock.update_priorities(priorities, "default_policy")
             ours.update_priorities(priorities, "default_policy")
-            leaves = np.asarray(stock._sum_segment.value[stock._sum_segment.capacity :])
-            np.testing.assert_array_equal(ours._store.tree.sum[ours._store.tree.leaves :], leaves)
+            mine, theirs = ours.get_state()["store"]["rllib"], stock.get_state()
+            for tree in ("_sum_segment", "_min_segment"):
+                np.testing.assert_array_equal(mine[tree], theirs[tree])
     assert stock.get_num_episodes_evicted() > 0
     assert ours.get_num_episodes_evicted() == stock.get_num_episodes_evicted()
     assert ours.get_num_episodes() == stock.get_num_episodes()
@@ -154,10 +156,18 @@ def test_state_and_pickle_round_trip(cartpole_chunks, staleness):
 
 
 def test_unsupported_requests_fail_clearly(cartpole_chunks):
-    buf = ConduitPrioritizedEpisodeReplayBuffer(capacity=100, conduit={"staleness": "exact"})
-    buf.add(cartpole_chunks(20))
-    with pytest.raises(NotImplementedError, match="include_infos"):
-        buf.sample(num_items=4, n_step=1, include_infos=True)
+    chunks = cartpole_chunks(20)
+    bounded = ConduitPrioritizedEpisodeReplayBuffer(capacity=100, conduit={"n_step": 1})
+    try:
+        bounded.add(chunks)
+        with pytest.raises(NotImplementedError, match="include_infos"):
+            bounded.sample(num_items=4, n_step=1, include_infos=True)
+    finally:
+        bounded.close()
+    exact = ConduitPrioritizedEpisodeReplayBuffer(capacity=100, conduit={"staleness": "exact", "prepared_batches": True})
+    exact.add(chunks)  # the exact mode is RLlib's buffer: what RLlib's sample() takes, it takes
+    episodes = exact.sample(num_items=4, n_step=1, include_infos=True, **SAMPLE)
+    assert not isinstance(episodes, SampledEpisodes) and len(episodes) == 4  # RLlib's list, no prepared batch
     with pytest.raises(SemanticsError):
         ConduitPrioritizedEpisodeReplayBuffer(capacity=100, conduit={"staleness": "exact"}).update_priorities([1.0])
     with pytest.raises(ConfigError, match="staleness"):

@@ -141,6 +141,81 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
+#: the modules an adapter may import from, each by its ``__all__``: the API, the extension surface, the sharded
+#: runtime, and the stage-wave planner (above the core, so ``conduit.ext`` cannot re-export it)
+SURFACE = ("conduit", "conduit.ext", "conduit.distributed", "conduit.scheduling.stages")
+
+
+def test_adapters_import_only_the_public_surface():
+    import importlib
+
+    public = {m: set(importlib.import_module(m).__all__) for m in SURFACE}
+    offences = []
+    for f in sorted((ROOT / "integrations").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            where = f"{f.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                mod = node.module or ""
+                if not mod.startswith("conduit") or mod.startswith("conduit.integrations"):
+                    continue
+                if mod not in public:
+                    offences.append(f"{where}: from {mod} import ...")
+                else:
+                    offences += [f"{where}: {mod}.{a.name}" for a in node.names if a.name not in public[mod]]
+            elif isinstance(node, ast.Import):
+                offences += [
+                    f"{where}: import {a.name}" for a in node.names
+                    if a.name.startswith("conduit.") and a.name not in public
+                    and not a.name.startswith("conduit.integrations")
+                ]
+    assert offences == [], "\n".join(offences)
+
+
+#: what only the core may make (conduit/executor.py is the one place for threads, streams and events)
+CONCURRENCY = {
+    "Thread": "a thread", "Timer": "a thread", "ThreadPoolExecutor": "a thread pool",
+    "ProcessPoolExecutor": "a process pool", "Process": "a process", "Pool": "a process pool",
+    "Stream": "a CUDA stream", "Event": "a CUDA event or a threading event", "start_new_thread": "a thread",
+}
+#: the locks an adapter may hold, each with what it guards; none guards a store of experience
+ADAPTER_LOCKS = {
+    ("integrations/srl/install.py", "_lock"): "registering the buffer names in SRL's make_buffer, once per module",
+    ("integrations/srl/consumer.py", "_lock"): "making one consumer class per SRL stream module",
+    ("integrations/srl/prioritized.py", "_classes_lock"): "making one PER class per SRL buffer module",
+    ("integrations/verl/plugin.py", "LOCK"): "registering the V1 trainers once per process",
+    ("integrations/srl/replay.py", "self._lock"): "the runtime's creation at the first put; SRL's per-slot "
+    "replay counts (bookkeeping of SRL's counting, not rows)",
+    ("integrations/rllib/buffer.py", "self._lock"): "RLlib's metrics and the batches handed out, kept consistent "
+    "with each add, sample and priority update (the rows are the runtime's or RLlib's own buffer's)",
+}
+
+
+def test_adapters_start_no_thread_pool_stream_or_event_and_keep_no_locked_store():
+    """Threads, pools, processes, CUDA streams and events are the core's (``conduit.ext`` hands adapters its
+    worker, streams, hand-off and reuse queue); a lock in an adapter is listed above with what it guards."""
+    offences, locks, assigned = [], set(), set()
+    for f in sorted((ROOT / "integrations").rglob("*.py")):
+        rel = str(f.relative_to(ROOT))
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Call):
+                fn = node.func
+                name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
+                if name in CONCURRENCY:
+                    offences.append(f"{rel}:{node.lineno}: {ast.unparse(fn)}() makes {CONCURRENCY[name]}")
+                if name in ("Lock", "RLock", "Condition", "Semaphore", "BoundedSemaphore"):
+                    locks.add((rel, node.lineno))
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                value = node.value
+                if isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] in ("Lock", "RLock"):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    for t in targets:
+                        if (rel, ast.unparse(t)) not in ADAPTER_LOCKS:
+                            offences.append(f"{rel}:{node.lineno}: {ast.unparse(t)} = {ast.unparse(value)}")
+                    assigned.add((rel, value.lineno))
+    offences += [f"{rel}:{line}: a lock made outside an assignment" for rel, line in sorted(locks - assigned)]
+    assert offences == [], "\n".join(offences)
+
+
 def test_no_module_is_over_500_lines():
     long = {
         str(p.relative_to(ROOT)): n

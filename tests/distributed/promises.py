@@ -79,7 +79,7 @@ def push_checks(rank: int, world: int) -> dict[str, Any]:
             try:
                 edp.push(good(rank, 0))
                 before = edp.counters()
-                res["bad"] = {name: _outcome(lambda u=u: edp.push(u)) for name, u in bad_units(declared).items()}
+                res["bad"] = {name: _outcome(lambda u=u, e=edp: e.push(u)) for name, u in bad_units(declared).items()}
                 res["counters_unchanged"] = edp.counters() == before
                 edp.push(good(rank, 1))
                 st = edp.stats()
@@ -116,7 +116,7 @@ def hooked_and_on_policy(rank: int, world: int) -> dict[str, Any]:
         try:
             edp.push(good(rank, 0))
             before = edp.on_policy.pushed_rows if edp.on_policy is not None else edp.counters()
-            res["bad"] = {name: _outcome(lambda u=u: edp.push(u)) for name, u in bad_units(False).items()}
+            res["bad"] = {name: _outcome(lambda u=u, e=edp: e.push(u)) for name, u in bad_units(False).items()}
             after = edp.on_policy.pushed_rows if edp.on_policy is not None else edp.counters()
             res["counters_unchanged"] = after == before
             edp.push(good(rank, 1))
@@ -156,9 +156,9 @@ def first_units_diverge(rank: int, world: int) -> dict[str, Any]:
                 if rank != 0:
                     edp.push(good(rank, 0, cols=cols))
                 edp_gather(rank, world, None)  # the others' units are pushed before rank 0's
-                res["first"] = _outcome(lambda: edp.push(good(rank, 0, cols=cols)) if rank == 0 else None)
+                res["first"] = _outcome(lambda e=edp, c=cols: e.push(good(rank, 0, cols=c)) if rank == 0 else None)
             else:
-                res["first"] = _outcome(lambda: edp.push(good(rank, 0, cols=cols)))
+                res["first"] = _outcome(lambda e=edp, c=cols: e.push(good(rank, 0, cols=c)))
             if res["first"] != "accepted":  # the group holds the other layout
                 edp.push(good(rank, 1, cols=3 if cols == 5 else 5))
             for _ in range(3):

@@ -106,7 +106,8 @@ class ConduitReplayBuffer:
         self._gens = np.full(self.max_size, -1, dtype=np.int64)  # the transition id those counts belong to
         self._handed: deque[BatchInfo] = deque(maxlen=64)
         # (sample, reuses) the delivery hook built for the batches it staged, by their first block's address (bounded)
-        self._prepared: OrderedDict[int, tuple[Any, float | None]] = OrderedDict()
+        # (for uniform replay: the whole ReplayEntry), so get() on the trainer thread only pulls and pops
+        self._prepared: OrderedDict[int, tuple[Any, float | None, Any]] = OrderedDict()
 
     # -- the runtime, made at the first put (the sample length is known then) -------------------
     def _config(self, layout: Layout) -> conduit.ConduitConfig:
@@ -181,15 +182,18 @@ class ConduitReplayBuffer:
                 blocks = {k: v.transpose(0, 1).contiguous() for k, v in part.items()}
             out = {k: blk.transpose(0, 1) for k, blk in blocks.items()}
             sample = self.layout.rebuild({k: blk.numpy() for k, blk in blocks.items()}, self.types.named_array)
-            reuses = None
+            reuses = entry = None
             if not self.prioritized:  # SRL counts a prioritized replay at its feedback, on the trainer thread
                 before = self._tally(indices[start : start + b], ids[start : start + b], True)
                 out[REUSES] = torch.from_numpy(before)
                 reuses = float(before.mean())
+                entry = self.types.replay_entry(
+                    reuses_left=-1, receive_time=-1, sample=sample, reuses=reuses, sampling_indices=None
+                )
             key = next(iter(blocks.values())).data_ptr()  # 0 for an empty block: no key, get() rebuilds
             # one-call dict operations (the trainer thread pops), and an extra eviction only costs a rebuild
             if key:
-                self._prepared[key] = (sample, reuses)
+                self._prepared[key] = (sample, reuses, entry)
             while len(self._prepared) > PREPARED:
                 self._prepared.popitem(last=False)
             learn_out.write(out)
@@ -251,8 +255,11 @@ class ConduitReplayBuffer:
         info = batch.info
         sample = reuses = None
         if self.staging is not None:
-            sample, reuses = self._prepared.pop(next(iter(batch.values())).data_ptr(), (None, None))
-            self._guard.handed(list(batch.values()))
+            sample, reuses, entry = self._prepared.pop(next(iter(batch.values())).data_ptr(), (None, None, None))
+            if self.staging.pinned:
+                self._guard.handed(list(batch.values()))
+            if entry is not None:  # uniform replay: built by the delivery hook
+                return entry
         if sample is None:  # a GPU learner's batch (tensors on its device), a restored or an evicted one
             sample = layout.rebuild({k: self._out(k, batch[k]) for k in layout.numeric}, self.types.named_array)
         counted = batch.get(REUSES)

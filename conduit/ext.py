@@ -14,6 +14,8 @@ place it may import from (``tests/test_house.py`` checks every import of
 - the reuse queue (:class:`ReuseQueue`, :class:`Reusable`): batches formed once and handed
   out most-reuses-left, newest first, behind the core's lock, so an adapter keeps no store
   of its own;
+- n-step returns at ingestion (:class:`NStepFolder`, :class:`Segment`): episode segments
+  folded into n-step-ready rows before they are stored;
 - prefetch as a node (:class:`Prefetcher`): a framework's own iterator run ahead on
   the core's worker, so an adapter never starts a thread of its own;
 - the protocols a custom component implements: storage (:class:`Storage`,
@@ -44,6 +46,7 @@ from conduit.config import explain
 from conduit.executor import StreamSet, handoff
 from conduit.grouping import ANY_SOURCE, Admission, AdmissionConfig, AdmissionController, GroupInfo
 from conduit.memory import BatchMemory, HandoffGuard, Staging
+from conduit.nstep import NStepFolder, Segment
 from conduit.prefetch import Prefetcher, PrefetchStats
 from conduit.reuse import Reusable, ReuseQueue
 from conduit.samplers.base import Draw, Sampler
@@ -60,6 +63,7 @@ __all__ = [
     "FixedStorage",
     "GroupInfo",
     "HandoffGuard",
+    "NStepFolder",
     "Plan",
     "PrefetchStats",
     "Prefetcher",
@@ -67,6 +71,7 @@ __all__ = [
     "Reusable",
     "ReuseQueue",
     "Sampler",
+    "Segment",
     "Stage",
     "StageProfile",
     "StageRunner",

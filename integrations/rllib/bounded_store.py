@@ -32,11 +32,10 @@ import torch
 
 import conduit
 from conduit import BatchInfo, Reader, SemanticsError, Writer
-from conduit.ext import ReplayBuffer
+from conduit.ext import NStepFolder, ReplayBuffer
 
 from .columnar import HostGatherStoragePolicy
 from .episodes import LEARNER_COLUMNS, Chunk, PreparedBatch, learner_dtype
-from .nstep import NStepFolder
 from .options import BufferOptions
 
 __all__ = ["BoundedStore", "Handle", "learner_columns"]

@@ -40,10 +40,10 @@ from ray.rllib.utils.numpy import convert_to_numpy
 
 import conduit
 from conduit import RuntimeFailed, SemanticsError
+from conduit.ext import NStepFolder
 
 from .bounded_store import learner_columns
 from .episodes import LEARNER_COLUMNS, chunk_from_episode
-from .nstep import NStepFolder
 
 __all__ = ["SHARD", "SHARD_DIR", "ShardedReplay", "shard_settings", "training_step", "wants_shards"]
 

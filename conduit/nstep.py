@@ -1,29 +1,43 @@
-"""n-step-ready transitions from episode chunks, as soon as their window is complete.
+"""n-step returns at ingestion: episode segments in, n-step-ready transition rows out.
 
-The bounded mode stores one row per transition ``(o_t, a_t, R_t^(n), o_{t+n},
-terminated, truncated)`` in Conduit's replay ring, so delivery is a plain gather.
-A row can be written once steps ``t .. t+n-1`` are known; the last ``n-1`` steps
-of an open episode wait here for the next chunk. RLlib's prioritized buffer
-never samples a window running past an episode's end, so an episode's final
-``n-1`` steps are dropped when it ends, and ``terminated`` / ``truncated`` are
-set only on the window ending exactly at the episode's last step — the rows are
-the transitions RLlib's buffer can return.
+What: :class:`NStepFolder` takes segments of episodes as they arrive (any object
+with the :class:`Segment` attributes: an episode id, its first step's index, the
+observations -- one more than the actions, the last being the next observation --
+actions, rewards and whether the episode ended there) and returns one row per
+transition ``(o_t, a_t, R_t^(n), o_{t+n}, terminated, truncated)`` whose window of
+``n`` steps is complete. The last ``n-1`` steps of an open episode wait for its
+next segment; an episode's final ``n-1`` steps are dropped when it ends (no window
+runs past an episode's end), and ``terminated`` / ``truncated`` are set only on the
+window ending exactly at the episode's last step.
 
-The return is folded as ``R = r_t + gamma * (r_{t+1} + gamma * (...))``, the
-same recursion (and floating-point result) as RLlib's ``scipy.signal.lfilter``.
+Why: with the return folded before a row is stored, delivery is a plain gather
+of stored rows and nothing is recomputed per draw. The return is folded as
+``R = r_t + gamma * (r_{t+1} + gamma * (...))``, the recursion (and the
+floating-point result) of ``scipy.signal.lfilter`` over the window, which is how
+RLlib's episode buffers compute it.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from .episodes import Chunk
+__all__ = ["NStepFolder", "Segment", "fold_returns"]
 
-__all__ = ["NStepFolder", "fold_returns"]
+
+class Segment(Protocol):
+    """A contiguous piece of one episode: ``obs`` has one row more than ``actions`` (the next observation)."""
+
+    id: str
+    obs: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminated: bool
+    truncated: bool
+    t_started: int
 
 
 def fold_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
@@ -45,19 +59,19 @@ class _Open:
 
 
 class NStepFolder:
-    """Turns chunks into rows; keeps at most ``max_open`` open episodes (oldest dropped)."""
+    """Turns segments into rows; keeps at most ``max_open`` open episodes (oldest dropped)."""
 
     def __init__(self, n_step: int, gamma: float, max_open: int = 100_000) -> None:
         if not isinstance(n_step, int) or n_step < 1:
-            raise ValueError(f"n_step must be an int >= 1 for the bounded mode, got {n_step!r}")
+            raise ValueError(f"n_step must be an int >= 1, got {n_step!r}")
         self.n = n_step
         self.gamma = gamma
         self.max_open = max_open
         self.open: OrderedDict[str, _Open] = OrderedDict()
         self.dropped_steps = 0  # steps at episode ends that no complete window covers
 
-    def fold(self, chunks: list[Chunk]) -> dict[str, np.ndarray] | None:
-        """Rows for every window the chunks complete (``None`` if none)."""
+    def fold(self, chunks: list[Segment]) -> dict[str, np.ndarray] | None:
+        """Rows for every window the segments complete (``None`` if none)."""
         parts = [p for p in (self._fold_one(c) for c in chunks) if p is not None]
         if not parts:
             return None
@@ -65,7 +79,7 @@ class NStepFolder:
             return parts[0]
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
-    def _fold_one(self, c: Chunk) -> dict[str, np.ndarray] | None:
+    def _fold_one(self, c: Segment) -> dict[str, np.ndarray] | None:
         n = self.n
         prev = self.open.pop(c.id, None)
         if prev is not None and prev.t0 + len(prev.actions) == c.t_started:

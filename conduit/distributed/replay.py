@@ -17,7 +17,7 @@ fewer collectives, batches at most ``g - 1`` pulls older. Overlapped, the next e
 collective lane (:class:`conduit.executor.Lane`) as soon as the last drawn batch is handed out, and runs
 while the learner computes; any other collective of the caller waits for it first, so every rank keeps one
 order of collectives. The mode is the config's (pinned knobs, else the prior: overlapped for learners on a
-GPU), or chosen by measuring the loop (``plan="auto"``, :mod:`conduit.distributed.plan`).
+GPU), or chosen by measuring the loop (``plan="auto"``, :mod:`conduit.scheduling.group`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from conduit.config import ConduitConfig
 from conduit.core import Mode, SamplerKind
 from conduit.distributed import sampling as smp
 from conduit.distributed.exchange import META_ID, META_SLOT, META_WEIGHT, RowLayout, blocks, put
-from conduit.distributed.plan import DeliveryMode, DeliveryPlanner, candidates
 from conduit.errors import ConduitTimeout, RuntimeFailed, SemanticsError
+from conduit.scheduling.group import DeliveryMode, DeliveryPlanner, candidates
 
 log = logging.getLogger("conduit")
 
@@ -167,7 +167,7 @@ class ReplayShare:
 
     def _recheck(self, planner: DeliveryPlanner) -> bool:
         """Collective, at the same pull on every rank: gather the plan's watched windows; probe again where the
-        group's time drifted (:func:`conduit.distributed.plan.drifted`)."""
+        group's time drifted (:func:`conduit.scheduling.group.drifted`)."""
         edp = self.edp
         got = edp.group.gather(torch.from_numpy(planner.watched.copy()), "plan (drift check)")
         replan = planner.recheck(got.numpy().reshape(edp.world, -1), time.perf_counter())

@@ -81,7 +81,6 @@ from conduit.distributed.admission import GroupSpec, Router, spec_text
 from conduit.distributed.exchange import dumps, loads
 from conduit.distributed.group import RankGroup
 from conduit.distributed.options import DistributedStats, Routing, Sampling, validate, validate_rate
-from conduit.distributed.plan import DeliveryMode
 from conduit.distributed.ratelimit import GroupRateLimit
 from conduit.distributed.replay import (
     HEAD,
@@ -99,6 +98,7 @@ from conduit.distributed.shards import shard_storage
 from conduit.errors import ConfigError, SemanticsError, SpecError
 from conduit.hooks import HookKind, HookRegistry, Reader, Writer
 from conduit.runtime import Conduit
+from conduit.scheduling.group import DeliveryMode
 from conduit.spec import Data, ExperienceSpec, as_tensors, batch_size_of, rows_of
 
 __all__ = ["DistributedConduit"]
@@ -118,7 +118,7 @@ class DistributedConduit:
         shares: each rank's share of ``capacity`` (default equal), e.g. a placement's capacity split.
         plan: off-policy delivery's schedule: ``"prior"`` (default; the config's pinned knobs, else overlapped
             for learners on a GPU and inline on the CPU, ``g = 1``) or ``"auto"`` (measured on the running
-            loop, the same rule as one process's planner: :mod:`conduit.distributed.plan`).
+            loop, the same rule as one process's planner: :mod:`conduit.scheduling.group`).
         spec: the experience spec, when known up front.
         registry: the hooks (default: a fresh registry filled by ``@edp.register_*``).
     """

@@ -1,6 +1,11 @@
-"""Latency-aware scheduling: the cost model and its fit (pure), the profiler, the automatic planner.
+"""Latency-aware scheduling: the cost model and its fit (pure), the profiler, the planners.
 
-It sits above the runtime: the runtime never imports it. The pure parts
+It sits above the runtime: the runtime never imports it. Every planner here decides by one
+rule (:func:`.noise.pick`: a plan must beat inline by more than the noise, then the finest
+within the noise of the fastest): one process's automatic planner (:mod:`.auto`, the model's
+ranking settled by measurement, :func:`.fit.settle`), a sharded group's delivery planner
+(:mod:`.group`, the same rule over the ranks' gathered windows, alike on every rank), and the
+stage-wave planner (:mod:`.stages`, the model's overlap decision per stage). The pure parts
 (:mod:`.model`, :mod:`.fit`, :mod:`.steady`) are re-exported here; the parts that
 drive runtimes (:mod:`.measure`, :mod:`.profiler`, :mod:`.auto`, :mod:`.workload`)
 are imported from their modules (``from conduit.scheduling.auto import AutoPlanner``).

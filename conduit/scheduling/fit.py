@@ -17,7 +17,7 @@ from typing import Any
 
 from conduit.core import INLINE, Mode, Policy, Schedule, delivery_space, feasible_schedules, ingestion_space
 from conduit.scheduling.model import Costs, Prediction, coarseness, predict
-from conduit.scheduling.noise import Spread, beats
+from conduit.scheduling.noise import Spread, pick
 
 __all__ = ["fit_sync", "probe_schedules", "settle", "shortlist"]
 
@@ -148,42 +148,35 @@ def settle(
 ) -> Prediction:
     """The plan from the model's ranking and the shortlist's measurements (pure; ``ranked`` best first).
 
-    Schedules measured within ``margin`` of the fastest measured are ties — a
-    difference that small is inside the noise of a few short runs on a shared
-    machine. Of those the plan is the finest (:func:`~conduit.scheduling.model.coarseness`:
-    least grouping, so least staleness), then an all-inline schedule (a
-    schedule that buys nothing measurable still costs a worker: the inline
-    schedule, when measured, stays unless a plan beats it by more than
-    ``margin``), then the model's order, which knows what overlapping each path
-    costs. The model alone is blind to overlap costs that vary with ``g`` below
-    its probes' noise, so on a tie it must not choose a coarser granularity.
-
-    Where the inline schedule was measured, the plan must also beat it by more
-    than the noise (:func:`~conduit.scheduling.noise.beats`: ``margin``, or the
-    runs' own ``spreads`` where they are wider); otherwise the plan is inline.
+    The planners' one rule (:func:`~conduit.scheduling.noise.pick`): where the inline
+    schedule was measured, a schedule counts only if it beats inline by more than
+    the noise (``margin``, or the runs' own ``spreads`` where they are wider); of
+    those, schedules within the noise of the fastest are ties -- a difference that
+    small is inside the noise of a few short runs on a shared machine -- and the
+    plan is the finest of them (:func:`~conduit.scheduling.model.coarseness`: least
+    grouping, so least staleness), then an all-inline schedule (a schedule that buys
+    nothing measurable still costs a worker), then the model's order, which knows
+    what overlapping each path costs. The model alone is blind to overlap costs
+    that vary with ``g`` below its probes' noise, so on a tie it must not choose a
+    coarser granularity.
     """
     if not verified:
         return ranked[0]
-    fastest = min(verified.values())
-    # measured times are levels plus what each run took beyond the costs alone around it, which noise can
-    # take to zero or below with tiny costs; the margin is of the fastest's size, so such a time ties itself
-    limit = fastest + abs(fastest) * margin
-    tied = [p for p in ranked if p.schedule in verified and verified[p.schedule] <= limit]
-
-    def order(p: Prediction) -> tuple[Fraction, bool]:
-        return coarseness(p.schedule), p.schedule.ingestion.overlap or p.schedule.delivery.overlap
-
-    plan = min(tied, key=order)  # min keeps the first of equals: the model's order
-    if INLINE not in verified or plan.schedule == INLINE:
-        return plan
     spreads = spreads or {}
+    measured = {p.schedule: _around(verified[p.schedule], spreads.get(p.schedule)) for p in ranked
+                if p.schedule in verified}
+    rank_of = {p.schedule: i for i, p in enumerate(ranked)}
 
-    def spread(s: Schedule) -> Spread:
-        return spreads.get(s) or Spread(verified[s], verified[s], verified[s])
+    def order(s: Schedule) -> tuple[Fraction, bool, int]:
+        return coarseness(s), s.ingestion.overlap or s.delivery.overlap, rank_of[s]
 
-    if beats(spread(plan.schedule), spread(INLINE), margin):
-        return plan
-    return next(p for p in ranked if p.schedule == INLINE)
+    plan = pick(measured, order, margin, baseline=INLINE)
+    return ranked[rank_of[plan]]
+
+
+def _around(t: float, runs: Spread | None) -> Spread:
+    """The measured time ``t`` with the range of its ``runs`` around it (a point where its runs are not known)."""
+    return Spread(t, t, t) if runs is None else runs.shifted(t - runs.median)
 
 
 def shortlist(ranked: Sequence[Prediction], top: int, families: bool = True) -> list[Schedule]:

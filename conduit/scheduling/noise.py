@@ -2,18 +2,23 @@
 
 A shared host's speed moves within seconds, so every time the profiler and the
 automatic planner measure is a handful of runs, kept as a :class:`Spread`
-(median and range), never a bare number. :func:`beats` is the one rule both use
-to keep a plan over the inline schedule: the plan's median must be lower than
-inline's by more than the noise the two measurements show.
+(median and range), never a bare number. :func:`pick` is the one rule every
+planner decides by -- one process's (:mod:`~conduit.scheduling.fit`) and a sharded
+group's (:mod:`~conduit.scheduling.group`): a candidate counts only where it beats
+the inline baseline by more than the noise the two measurements show
+(:func:`beats`), and of those the finest within the noise of the fastest wins.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-__all__ = ["Spread", "beats", "noise"]
+__all__ = ["Spread", "beats", "noise", "pick"]
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +65,20 @@ def noise(a: Spread, b: Spread, margin: float) -> float:
 def beats(candidate: Spread, baseline: Spread, margin: float) -> bool:
     """Whether ``candidate`` is faster than ``baseline`` by more than the measured noise (see :func:`noise`)."""
     return candidate.median < baseline.median - noise(candidate, baseline, margin)
+
+
+def pick(measured: Mapping[K, Spread], order: Callable[[K], Any], margin: float, baseline: K | None = None) -> K:
+    """The plan among ``measured`` candidates (pure: the same figures give the same plan on every rank).
+
+    Where ``baseline`` (inline) was measured, a candidate counts only if it :func:`beats` it; the baseline
+    always counts. Of those, the finest -- the smallest ``order`` -- within the noise of the fastest
+    (:func:`noise`): a difference that small is not a measurement's to decide, and a finer plan is less stale.
+    """
+    if not measured:
+        raise ValueError("nothing measured to pick from")
+    counted = [k for k in measured if baseline not in measured or k == baseline
+               or beats(measured[k], measured[baseline], margin)]
+    fastest = min(counted, key=lambda k: (measured[k].median, order(k)))
+    near = [k for k in counted if measured[k].median - measured[fastest].median
+            <= noise(measured[k], measured[fastest], margin)]
+    return min(near, key=order)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from conduit.config import ConduitConfig
-from conduit.distributed.plan import DeliveryMode, DeliveryPlanner, candidates, choose, drifted
 from conduit.errors import RuntimeClosed
 from conduit.executor import Lane
+from conduit.scheduling.group import DeliveryMode, DeliveryPlanner, candidates, choose, drifted
 from conduit.scheduling.noise import Spread
 
 MODES = (DeliveryMode(False, 1), DeliveryMode(True, 1), DeliveryMode(False, 2), DeliveryMode(True, 2))

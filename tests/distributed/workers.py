@@ -22,7 +22,7 @@ import conduit
 import conduit.distributed as cd
 from conduit.distributed import launch
 from conduit.distributed.checkpoint import read_manifest
-from conduit.distributed.plan import DeliveryPlanner
+from conduit.scheduling.group import DeliveryPlanner
 from tests.distributed import promises
 
 ALPHA, BETA, EPS = 0.6, 0.4, 1e-6

@@ -17,10 +17,11 @@ planner does on one process (:mod:`conduit.scheduling.auto`):
    between pulls included;
 2. the ranks all-gather their windows once, and every rank applies the same rule
    (:func:`choose`) to the same matrix, so all of them switch to the same mode
-   at the same pull: the group's figure of a window is the mean over ranks; of
-   the candidates that beat inline ``g = 1`` by more than the noise of the two
-   (:func:`conduit.scheduling.noise.beats`), the plan is the finest within the
-   noise of the fastest; where none does, the plan is inline.
+   at the same pull: the group's figure of a window is the mean over ranks, and
+   the plan is the planners' one rule over those figures
+   (:func:`conduit.scheduling.noise.pick`, the rule one process's planner settles
+   by): of the candidates that beat inline ``g = 1`` by more than the noise of
+   the two, the finest within the noise of the fastest; where none does, inline.
 
 Every rank switches candidates at the same pull indices, because pulls are
 collective: the sequence of collectives stays the same on every rank.
@@ -44,7 +45,7 @@ import numpy as np
 
 from conduit.config import ConduitConfig
 from conduit.core import as_granularity
-from conduit.scheduling.noise import Spread, beats, noise
+from conduit.scheduling.noise import Spread, noise, pick
 
 __all__ = ["DeliveryMode", "DeliveryPlanner", "candidates", "choose", "drifted", "group_spread"]
 
@@ -86,12 +87,8 @@ def choose(modes: tuple[DeliveryMode, ...], windows: np.ndarray, margin: float) 
     """The plan's index among ``modes``, and each mode's spread, from ``windows[rank, mode, window]`` (seconds per
     pull). Pure: the same matrix gives the same answer on every rank."""
     spreads = [group_spread(np.asarray(windows)[:, i]) for i in range(len(modes))]
-    base = 0  # the finest, simplest candidate: inline g=1 unless pinned away
-    winners = [i for i in range(len(modes)) if i == base or beats(spreads[i], spreads[base], margin)]
-    fastest = min(winners, key=lambda i: (spreads[i].median, _order(modes[i])))
-    near = [i for i in winners
-            if spreads[i].median - spreads[fastest].median <= noise(spreads[i], spreads[fastest], margin)]
-    return min(near, key=lambda i: _order(modes[i])), spreads
+    # the baseline is the finest, simplest candidate: inline g=1 unless pinned away
+    return pick(dict(enumerate(spreads)), lambda i: _order(modes[i]), margin, baseline=0), spreads
 
 
 def drifted(planned: Spread, windows: np.ndarray, drift: float, margin: float) -> bool:

@@ -290,3 +290,40 @@ def test_the_code_cites_the_projects_own_design_page_and_its_sections_exist():
                         if n not in sections]
     assert not outside, f"citations of documents outside the repository: {outside}"
     assert not missing, f"sections of docs/design.md that do not exist: {missing}"
+
+
+#: the runtime's one face to a buffer (``push``/``flush``/``pull``/``minibatches`` are the runtime's own)
+BUFFER_FACE = {"update_priorities", "state_dict", "load_state_dict"}
+#: the buffer's side doors still called from outside the runtime, each to close (issue "one data plane", item 2):
+#: RLlib's checkpoint format and generator, and the sharded buffer's global draw and its checkpoint
+BUFFER_SIDE_DOORS = {
+    ("integrations/rllib/bounded_store.py", "oldest_first"), ("integrations/rllib/bounded_store.py", "priorities_at"),
+    ("integrations/rllib/bounded_store.py", "restore_priorities"), ("integrations/rllib/bounded_store.py", "sample"),
+    ("integrations/rllib/bounded_store.py", "set_beta"), ("integrations/rllib/bounded_store.py", "use_rng"),
+    ("integrations/rllib/bounded_store.py", "write"),
+    ("conduit/distributed/checkpoint.py", "oldest_first"), ("conduit/distributed/checkpoint.py", "priorities_at"),
+    ("conduit/distributed/checkpoint.py", "restore_priorities"), ("conduit/distributed/checkpoint.py", "write"),
+    ("conduit/distributed/replay.py", "priorities_at"), ("conduit/distributed/replay.py", "priority_mass"),
+    ("conduit/distributed/replay.py", "sample"),
+}
+
+
+def test_adapters_and_the_sharded_runtime_reach_a_buffer_only_through_its_face():
+    """A call on a runtime's buffer (``buf`` / ``edp.buffer``) from ``integrations/`` or ``conduit/distributed/``
+    outside the face is one of the listed side doors; the list only shrinks (a door closed leaves it)."""
+    import inspect
+
+    from conduit.buffers.replay import ReplayBuffer
+
+    methods = {n for n, _ in inspect.getmembers(ReplayBuffer, inspect.isfunction) if not n.startswith("_")}
+    found = set()
+    for folder in ("integrations", "conduit/distributed"):
+        for f in sorted((ROOT / folder).rglob("*.py")):
+            rel = str(f.relative_to(ROOT))
+            for node in ast.walk(ast.parse(f.read_text())):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in methods:
+                    receiver = ast.unparse(node.func.value)
+                    if re.fullmatch(r"buf|\w*edp\.buffer", receiver) and node.func.attr not in BUFFER_FACE:
+                        found.add((rel, node.func.attr))
+    assert found - BUFFER_SIDE_DOORS == set(), "new side doors into a buffer"
+    assert BUFFER_SIDE_DOORS - found == set(), "closed side doors: take them off BUFFER_SIDE_DOORS"

@@ -40,7 +40,6 @@ repeats with their min–max.
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import os
 import queue
@@ -70,7 +69,7 @@ SMALL = (4, 8, 16, 64)
 # -- SRL: its own classes, or a reimplementation from SRL's documented protocol -----------------------------------
 def srl_classes() -> tuple[Any, Any, Any, str]:
     """(replay buffer class, queue class, SRL buffer module, label): SRL's own when ``CONDUIT_SRL_SRC`` is set,
-    else the notes' reimplementations with the stub's types."""
+    else the notes' replay and the stub's queue, with the stub's types."""
     src = os.environ.get("CONDUIT_SRL_SRC")
     if src:
         root = Path(src)
@@ -80,7 +79,7 @@ def srl_classes() -> tuple[Any, Any, Any, str]:
         buf = srl.find()
         return buf.SimpleReplayBuffer, buf.PriorityQueueBuffer, buf, f"SRL's own classes ({buf.__name__})"
     label = "a reimplementation from SRL's documented protocol (no SRL checkout)"
-    return NotesReplay, NotesQueue, srl_stub, label
+    return NotesReplay, srl_stub.PriorityQueueBuffer, srl_stub, label
 
 
 class NotesReplay:
@@ -116,44 +115,6 @@ class NotesReplay:
         columns = [(k, None if v is None else v[:, idx]) for k, v in self.store.items()]
         sample = build_record(columns, srl_stub.NamedArray)
         return srl_stub.ReplayEntry(-1, -1, sample, reuses)
-
-
-class NotesQueue:
-    """SRL's default queue as the notes describe it: stack on axis 1, most reuses left then newest first."""
-
-    def __init__(self, max_size: int = 16, reuses: int = 1, batch_size: int = 1) -> None:
-        self.items: list[Any] = []
-        self.tmp: list[Any] = []
-        self.max_size, self.reuses, self.batch_size = max_size, reuses, batch_size
-
-    def put(self, x: Any) -> bool:
-        self.tmp.append(x)
-        if len(self.tmp) < self.batch_size:
-            return False
-        group, self.tmp = self.tmp[: self.batch_size], self.tmp[self.batch_size :]
-        flats = [dict(flatten(g)) for g in group]
-        data = build_record(
-            [(k, None if v is None else np.stack([f[k] for f in flats], axis=1)) for k, v in flats[0].items()],
-            srl_stub.NamedArray,
-        )
-        bisect.insort(self.items, srl_stub.ReplayEntry(self.reuses, time.time(), data))  # as SRL's: never mid-sort
-        while len(self.items) > self.max_size:
-            self.items.pop(0)
-        return True
-
-    def empty(self) -> bool:
-        return not self.items
-
-    def qsize(self) -> int:
-        return len(self.items)
-
-    def get(self) -> Any:
-        r = self.items.pop()
-        r.reuses_left -= 1
-        r.reuses += 1
-        if r.reuses_left > 0:
-            bisect.insort(self.items, r)
-        return r
 
 
 # -- the workload ------------------------------------------------------------------------------------------------

@@ -176,11 +176,13 @@ class Tuning(_Config):
             The store is reused only once no view of it is alive; a kept view keeps its whole
             store alive (``clone()`` a mini-batch to keep it alone). Host stores only.
             The mini-batches are the same either way; ``False`` gathers every one.
-        time_major: host learners with recycled memory: a field whose rows carry a time axis
-            (``[B, T, ...]``) is gathered straight into a ``[T, B, ...]`` block and delivered as
-            that block's transposed view. The values are the same; ``batch[k].transpose(0, 1)``
-            is contiguous, so a time-major learner (an RNN, SRL's trainers) reads it without a
-            second copy.
+        time_major: host learners with recycled memory: every field whose rows have at least
+            one axis is taken as ``[B, T, ...]`` (a time axis first), gathered straight into a
+            ``[T, B, ...]`` block and delivered as that block's transposed view. The values are the
+            same; ``batch[k].transpose(0, 1)`` is contiguous, so a time-major learner (an RNN,
+            SRL's trainers) reads it without a second copy, while ``batch[k]`` itself is not
+            contiguous (``.view()`` on it fails; ``.reshape()`` copies). Use it where every
+            non-scalar field has a time axis.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

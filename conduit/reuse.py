@@ -53,6 +53,7 @@ class ReuseQueue(Generic[E]):
         self._entries: list[tuple[tuple[float, float, int], E]] = []  # sorted by (reuses_left, receive_time, seq)
         self._tokens: dict[int, Any] = {}  # id(entry) -> its token, while the entry is queued
         self._pending: list[Any] = []
+        self._forming: dict[int, list[Any]] = {}  # groups taken from pending and being formed, by id
         #: entries formed, entries dropped on overflow, entries handed out (reuses included)
         self.formed = self.dropped = self.handed = 0
 
@@ -63,8 +64,16 @@ class ReuseQueue(Generic[E]):
             if len(self._pending) < self.group_size:
                 return None
             group, self._pending = self._pending[: self.group_size], self._pending[self.group_size :]
-        entry, token = self.form(group)
+            self._forming[id(group)] = group
+        try:
+            entry, token = self.form(group)
+        except BaseException:
+            with self._lock:  # the group's items stay (first in line), as SRL keeps a batch it failed to stack
+                del self._forming[id(group)]
+                self._pending[:0] = group
+            raise
         with self._lock:
+            del self._forming[id(group)]
             self.formed += 1
             self._insert(entry, token)
         return entry
@@ -109,9 +118,12 @@ class ReuseQueue(Generic[E]):
         return len(self._entries) >= self.max_size
 
     def snapshot(self) -> tuple[list[E], list[Any], tuple[int, int, int]]:
-        """Entries in queue order (fewest reuses left first), items of the group not yet formed, the counters."""
+        """Entries in queue order (fewest reuses left first), items not yet in an entry (a group being formed
+        right now among them, first), the counters."""
         with self._lock:
-            return [e for _, e in self._entries], list(self._pending), (self.formed, self.dropped, self.handed)
+            forming = [x for group in self._forming.values() for x in group]
+            pending = forming + self._pending
+            return [e for _, e in self._entries], pending, (self.formed, self.dropped, self.handed)
 
     def restore(self, entries: list[E], pending: list[Any], counts: tuple[int, int, int]) -> None:
         """Load what :meth:`snapshot` returned (into an empty queue)."""

@@ -257,6 +257,25 @@ def test_settle_keeps_the_inline_baseline_unless_a_plan_beats_it_by_more_than_th
     assert settle(ranked, {own: 10.0, INLINE: 11.0}).schedule == own  # 10%: the plan
 
 
+def test_settle_and_the_group_planner_decide_by_one_rule() -> None:
+    """A finer schedule that does not beat inline never hides a coarser one that does (the sharded group's planner
+    decides the same way); the runs' own spread widens a tie, so a finer schedule whose runs reach the fastest's
+    is the plan."""
+    from conduit.scheduling.noise import Spread
+
+    t = {Fraction(g): 1e-3 for g in (1, 2)}
+    ranked = rank(Costs(Policy.OFF_POLICY, 2e-3, 8e-3, t, t), feasible_schedules(Policy.OFF_POLICY, 1, 2, 2))
+    fine = Schedule(Mode(False, 1), Mode(True, 1))
+    coarse = Schedule(Mode(False, 1), Mode(True, 2))
+    # fine is within 5% of coarse, but only coarse beats inline by more than 5%: coarse
+    assert settle(ranked, {INLINE: 1.00, fine: 0.96, coarse: 0.93}, margin=0.05).schedule == coarse
+    # fine's runs reach coarse's time: a tie, and the finer plan, which beats inline too
+    runs = {fine: Spread(0.88, 0.78, 0.98), INLINE: Spread(1.0, 1.0, 1.0), coarse: Spread(0.80, 0.80, 0.80)}
+    measured = {s: v.median for s, v in runs.items()}
+    assert settle(ranked, measured, margin=0.03, spreads=runs).schedule == fine
+    assert settle(ranked, measured, margin=0.03).schedule == coarse  # without the runs: 10% apart, coarse
+
+
 def test_the_shortlist_holds_each_overlap_familys_best_and_finest() -> None:
     t = {Fraction(g): 1e-3 for g in (1, 2, 3)}
     # overlap costs that fall with g: the model ranks coarse overlapped schedules first

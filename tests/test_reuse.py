@@ -6,6 +6,7 @@ import copy
 import threading
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -124,3 +125,32 @@ def test_snapshot_and_restore_keep_order_pending_and_counts():
     r.restore(entries, pending, counts)
     assert pending == [4] and (r.formed, r.handed) == (2, 1)
     assert [q.get()[0].group for _ in range(3)] == [r.get()[0].group for _ in range(3)]
+
+
+def test_a_group_being_formed_is_in_a_snapshot_and_a_failed_form_keeps_its_items():
+    started, release = threading.Event(), threading.Event()
+
+    def slow(group):
+        started.set()
+        assert release.wait(10)
+        return Entry(1, 0.0, tuple(group)), None
+
+    q: ReuseQueue[Entry] = ReuseQueue(4, 2, slow)
+    q.put("a")
+    t = threading.Thread(target=q.put, args=("b",))
+    t.start()
+    assert started.wait(10)
+    q.put("c")
+    assert q.snapshot()[1] == ["a", "b", "c"]  # the group in formation, then what waits
+    release.set()
+    t.join(10)
+    assert q.snapshot()[1] == ["c"] and len(q) == 1
+
+    def broken(group):
+        raise ValueError("cannot stack")
+
+    r: ReuseQueue[Entry] = ReuseQueue(4, 2, broken)
+    r.put(1)
+    with pytest.raises(ValueError, match="cannot stack"):
+        r.put(2)
+    assert r.snapshot()[1] == [1, 2] and len(r) == 0

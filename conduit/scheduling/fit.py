@@ -150,15 +150,16 @@ def settle(
 
     The planners' one rule (:func:`~conduit.scheduling.noise.pick`): where the inline
     schedule was measured, a schedule counts only if it beats inline by more than
-    the noise (``margin``, or the runs' own ``spreads`` where they are wider); of
-    those, schedules within the noise of the fastest are ties -- a difference that
-    small is inside the noise of a few short runs on a shared machine -- and the
-    plan is the finest of them (:func:`~conduit.scheduling.model.coarseness`: least
-    grouping, so least staleness), then an all-inline schedule (a schedule that buys
-    nothing measurable still costs a worker), then the model's order, which knows
+    the noise (``margin``, or the runs' own ``spreads`` where they are wider): a
+    schedule that buys nothing measurable still costs a worker. Of those, schedules
+    within the noise of the fastest are ties -- a difference that small is inside
+    the noise of a few short runs on a shared machine -- and the plan is the finest
+    of them (:func:`~conduit.scheduling.model.coarseness`: least grouping, so least
+    staleness), then an all-inline schedule, then the model's order, which knows
     what overlapping each path costs. The model alone is blind to overlap costs
     that vary with ``g`` below its probes' noise, so on a tie it must not choose a
-    coarser granularity.
+    coarser granularity; a finer schedule that does not beat inline, though, never
+    hides a coarser one that does.
     """
     if not verified:
         return ranked[0]

@@ -70,9 +70,11 @@ def beats(candidate: Spread, baseline: Spread, margin: float) -> bool:
 def pick(measured: Mapping[K, Spread], order: Callable[[K], Any], margin: float, baseline: K | None = None) -> K:
     """The plan among ``measured`` candidates (pure: the same figures give the same plan on every rank).
 
-    Where ``baseline`` (inline) was measured, a candidate counts only if it :func:`beats` it; the baseline
-    always counts. Of those, the finest -- the smallest ``order`` -- within the noise of the fastest
-    (:func:`noise`): a difference that small is not a measurement's to decide, and a finer plan is less stale.
+    Where ``baseline`` (inline) was measured, a candidate counts only if it :func:`beats` it -- one that buys
+    nothing measurable still costs a worker -- and the baseline always counts. Of those, candidates within the
+    noise of the fastest (:func:`noise`) are ties, a difference that small not being a measurement's to decide,
+    and the plan is the finest of them (the smallest ``order``: a finer plan is less stale). A finer candidate
+    that does not beat inline never hides a coarser one that does.
     """
     if not measured:
         raise ValueError("nothing measured to pick from")

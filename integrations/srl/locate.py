@@ -128,6 +128,6 @@ def types_named(module: str | None) -> SRLTypes:
         return types_of()
     try:
         mod = importlib.import_module(module)
-    except ImportError:
+    except Exception:  # not importable here (missing, or an SRL checkout that fails to import): the loaded one
         return types_of()
     return types_of(mod) if looks_like_srl(mod) else types_of()

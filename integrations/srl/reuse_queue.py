@@ -186,7 +186,8 @@ class ConduitQueueBuffer:
 
     # -- persistence ----------------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        """Entries and pending samples pickle as they are (numpy on the host): SRL's ``save_buffer_on_exit``."""
+        """Entries and pending samples pickle as they are (SRL's ``save_buffer_on_exit``): host numpy, and for a
+        GPU learner device tensors, which unpickle where that device exists."""
         entries, pending, counts = self.queue.snapshot()
         return {
             "kwargs": self._kwargs, "entries": entries, "pending": pending, "counts": counts,

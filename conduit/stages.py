@@ -37,6 +37,9 @@ from conduit.trace import Tracer
 
 __all__ = ["Plan", "Stage", "StageProfile", "StageRunner", "WaveTiming", "check_stages"]
 
+#: how long the end of a run waits for its lanes' threads to stop (they are idle by then)
+LANE_JOIN_S = 5.0
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -131,8 +134,10 @@ class StageRunner:
 
     A worker group gets its :class:`~conduit.executor.Lane` (one daemon thread,
     ``conduit-<prefix>-<group>``) the first time one of its stages runs beside
-    another; the lanes and the per-stage graphs are only touched from the thread
-    that calls :meth:`run` (one caller at a time), so the runner holds no lock.
+    another in a :meth:`run`, and every lane is closed when that run ends, so no
+    thread outlives a run (a trainer need not close the runner). The lanes and the
+    per-stage graphs are only touched from the thread that calls :meth:`run` (one
+    caller at a time), so the runner holds no lock.
     ``prefix`` also names the graphs in traces (``"<prefix>.<stage>"``).
     """
 
@@ -177,6 +182,23 @@ class StageRunner:
         by_name = check_stages(stages)
         outputs = {} if outputs is None else outputs
         timings: list[WaveTiming] = []
+        try:
+            self._waves(by_name, the_plan, profile, outputs, timings)
+        except BaseException:
+            self._close_lanes(LANE_JOIN_S)  # the stage's failure is what the caller needs to see
+            raise
+        if not self._close_lanes(LANE_JOIN_S):
+            raise RuntimeError(f"a stage lane did not stop within {LANE_JOIN_S} s after the run")
+        return outputs, timings
+
+    def _waves(
+        self,
+        by_name: Mapping[str, Stage],
+        the_plan: Plan,
+        profile: StageProfile | None,
+        outputs: dict[str, Any],
+        timings: list[WaveTiming],
+    ) -> None:
         for wave in the_plan.waves:
             unknown = [n for n in wave if n not in by_name]
             if unknown:
@@ -194,7 +216,6 @@ class StageRunner:
                 for n, sec in stage_s.items():
                     profile.record(n, sec)
                 profile.record_wave(wave, wall, stage_s)
-        return outputs, timings
 
     def _wave(self, wave: Sequence[Stage]) -> dict[str, tuple[Any, float]]:
         if len(wave) == 1:
@@ -205,8 +226,12 @@ class StageRunner:
         return {s.name: f.result() for s, f in zip(wave, futures)}  # re-raises the first failure, in the wave's order
 
     def close(self, timeout: float = 5.0) -> bool:
-        """Stop every lane after the calls already submitted, joined within ``timeout`` in all; True when all ended."""
+        """Refuse further runs and stop any lane (none is left after a run); True when all ended in ``timeout``."""
         self.closed = True
+        return self._close_lanes(timeout)
+
+    def _close_lanes(self, timeout: float) -> bool:
+        """Stop every lane after the calls already submitted, joined within ``timeout`` in all; True when all ended."""
         deadline = time.monotonic() + timeout
         gone = [lane.close(deadline - time.monotonic()) for lane in self.lanes.values()]
         self.lanes.clear()

@@ -84,6 +84,14 @@ def test_one_group_never_shares_a_wave() -> None:
     assert all(len(w) == 1 for w in plan(stages, StageProfile()).waves)
 
 
+def test_a_groups_stages_keep_the_order_given_whatever_they_cost() -> None:
+    stages = graph(("old", "actor", ()), ("ref", "actor", ()), ("adv", "driver", ("old", "ref")))
+    profile = StageProfile()
+    profile.record("ref", 5.0)  # the second one costlier: still second, as the framework orders them
+    profile.record("old", 1.0)
+    assert plan(stages, profile).waves == (("old",), ("ref",), ("adv",))
+
+
 def test_overlap_pays_is_the_cost_models_decision() -> None:
     assert overlap_pays(2.0, 1.0, 0.0) == (True, 2.0)  # hidden entirely beside the longer wave
     pays, t = overlap_pays(2.0, 1.0, 0.25)
@@ -167,7 +175,8 @@ def test_a_wave_runs_at_once_on_its_groups_lanes_and_a_consumer_starts_after_its
         assert timings[0].stage_s["old"] >= 0.05
         assert set(profile.samples) == {"reward", "old", "ref", "adv"} and len(profile.sync_samples) == 1
         assert sorted(runner.graphs) == ["adv", "old", "ref", "reward"] and runner.graphs["old"].name == "work.old"
-        runner.run(stages, the_plan, profile)  # graphs and lanes are kept across iterations
+        assert not [t for t in threading.enumerate() if t.name.startswith("conduit-work-")]  # none outlives a run
+        runner.run(stages, the_plan, profile)  # graphs are kept across iterations, lanes made again
         assert runner.graphs["old"].invocations == 2 and len(profile.samples["old"]) == 2
     finally:
         assert runner.close(timeout=5.0)

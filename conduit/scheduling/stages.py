@@ -51,9 +51,11 @@ def plan(stages: Sequence[Stage], profile: StageProfile) -> Plan:
     """Group ``stages`` into waves; overlap exactly where the cost model says it pays.
 
     List scheduling over the dependency graph: among the stages whose producers
-    are all in earlier waves, the costliest of each worker group is a candidate;
-    the wave starts with the costliest candidate and takes each further one only
-    if :func:`overlap_pays` says so. A candidate left out waits for a later wave.
+    are all in earlier waves, each worker group's first in the given order is a
+    candidate (a group runs its stages one at a time, so they keep the
+    framework's order); the wave starts with the costliest candidate and takes
+    each further one only if :func:`overlap_pays` says so. A candidate left out
+    waits for a later wave.
     """
     by_name = check_stages(stages)
     done: set[str] = set()
@@ -64,7 +66,7 @@ def plan(stages: Sequence[Stage], profile: StageProfile) -> Plan:
         if not ready:
             raise ValueError(f"dependency cycle among {sorted(set(by_name) - done)}")
         per_group: dict[str, Stage] = {}
-        for s in sorted(ready, key=lambda s: -profile.cost(s.name)):
+        for s in ready:
             per_group.setdefault(s.group, s)
         candidates = sorted(per_group.values(), key=lambda s: -profile.cost(s.name))
         wave = [candidates[0].name]

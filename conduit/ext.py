@@ -20,7 +20,8 @@ place it may import from (``tests/test_house.py`` checks every import of
   the core's worker, so an adapter never starts a thread of its own;
 - the protocols a custom component implements: storage (:class:`Storage`,
   :class:`StoragePolicy`, and the stock :class:`TensorStorage` and
-  :class:`FixedStorage` a custom one extends) and samplers (:class:`Sampler`,
+  :class:`FixedStorage` a custom one extends, and :func:`fits`, whether offered
+  batch memory can take a gather) and samplers (:class:`Sampler`,
   :class:`Draw`);
 - the off-policy buffer a runtime holds (:class:`ReplayBuffer`: its lock, draws,
   priorities and contents), for an adapter that checkpoints or reseeds it;
@@ -52,6 +53,7 @@ from conduit.reuse import Reusable, ReuseQueue
 from conduit.samplers.base import Draw, Sampler
 from conduit.stages import Plan, Stage, StageProfile, StageRunner, WaveTiming
 from conduit.storage import FixedStorage, Storage, StoragePolicy, TensorStorage
+from conduit.storage.tensor import fits
 
 __all__ = [
     "ANY_SOURCE",
@@ -82,5 +84,6 @@ __all__ = [
     "TensorStorage",
     "WaveTiming",
     "explain",
+    "fits",
     "handoff",
 ]

@@ -14,17 +14,9 @@ import numpy as np
 import torch
 
 from conduit import ExperienceSpec
-from conduit.ext import FixedStorage, Storage, TensorStorage
+from conduit.ext import FixedStorage, Storage, TensorStorage, fits
 
 __all__ = ["HostGatherStorage", "HostGatherStoragePolicy"]
-
-
-def _fits(out: torch.Tensor | None, rows: int, src: torch.Tensor) -> bool:
-    """Whether recycled batch memory ``out`` can take ``rows`` rows of ``src`` (it can be stale)."""
-    return (
-        out is not None and out.shape[0] == rows and out.shape[1:] == src.shape[1:] and out.dtype == src.dtype
-        and out.device == src.device
-    )
 
 
 class HostGatherStorage(TensorStorage):
@@ -46,7 +38,7 @@ class HostGatherStorage(TensorStorage):
         idx = indices.cpu().numpy()
         result = {}
         for name, t in self.tensors.items():
-            dst = out.get(name) if out is not None and _fits(out.get(name), len(idx), t) else None
+            dst = out.get(name) if out is not None and fits(out.get(name), len(idx), t) else None
             if t.dtype == torch.bfloat16:  # no numpy dtype
                 result[name] = torch.index_select(t, 0, indices.cpu(), **({} if dst is None else {"out": dst}))
             elif dst is not None:

@@ -24,7 +24,9 @@ place it may import from (``tests/test_house.py`` checks every import of
   batch memory can take a gather) and samplers (:class:`Sampler`,
   :class:`Draw`);
 - the off-policy buffer a runtime holds (:class:`ReplayBuffer`: its lock, draws,
-  priorities and contents), for an adapter that checkpoints or reseeds it;
+  priorities and contents), for an adapter that reseeds it, and :func:`stored_in_order`
+  (:class:`Stored`): a buffer's rows and priorities read back, oldest first, from its
+  ``state_dict`` -- a framework's own checkpoint format written from Conduit's checkpoint;
 - :func:`explain`: an adapter's own pydantic options fail with the core's
   ``ConfigError`` message;
 - stage graphs (:class:`Stage`, :class:`Plan`, :class:`StageProfile`,
@@ -51,6 +53,7 @@ from conduit.nstep import NStepFolder, Segment
 from conduit.prefetch import Prefetcher, PrefetchStats
 from conduit.reuse import Reusable, ReuseQueue
 from conduit.samplers.base import Draw, Sampler
+from conduit.snapshot import Stored, stored_in_order
 from conduit.stages import Plan, Stage, StageProfile, StageRunner, WaveTiming
 from conduit.storage import FixedStorage, Storage, StoragePolicy, TensorStorage
 from conduit.storage.tensor import fits
@@ -80,10 +83,12 @@ __all__ = [
     "Staging",
     "Storage",
     "StoragePolicy",
+    "Stored",
     "StreamSet",
     "TensorStorage",
     "WaveTiming",
     "explain",
     "fits",
     "handoff",
+    "stored_in_order",
 ]

@@ -21,9 +21,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+import torch
 
 from conduit._version import __version__
 from conduit.buffers.base import ExperienceBuffer
@@ -34,7 +35,7 @@ from conduit.paths.delivery import DeliveryPath
 from conduit.paths.ingestion import IngestionPath
 from conduit.spec import ExperienceSpec
 
-__all__ = ["State", "apply", "capture", "check", "manifest", "quiesced", "rebuild"]
+__all__ = ["State", "Stored", "apply", "capture", "check", "manifest", "quiesced", "rebuild", "stored_in_order"]
 
 #: component name -> its state dict (tensors, arrays and primitives only)
 State = dict[str, dict[str, Any]]
@@ -175,3 +176,32 @@ def check(where: str | Path, manifest: Mapping[str, Any], state: Mapping[str, An
             )
         if not (isinstance(sampler, dict) and isinstance(sampler.get("kind"), str)):
             raise CheckpointError(f"{where}: buffer.pt names no sampler kind; {DAMAGED}")
+
+
+class Stored(NamedTuple):
+    """A replay buffer's live rows read back from its ``state_dict``, oldest first."""
+
+    #: each field's rows, oldest first (empty when the buffer held none)
+    rows: dict[str, torch.Tensor]
+    #: prioritized replay: each row's priority after ``** alpha`` (the sampler's leaf), else None
+    leaves: np.ndarray | None
+    #: prioritized replay: the sampler's max priority (what new rows get), else 1.0
+    max_priority: float
+
+
+def stored_in_order(state: Mapping[str, Any]) -> Stored:
+    """The live rows of a replay buffer's ``state_dict`` taken with ``rows=True``, in ingestion order.
+
+    A pure function of the state, so a framework's checkpoint format or a re-sharding can be
+    written from Conduit's own checkpoint without reaching into a running buffer.
+    """
+    ids = np.asarray(state["table"]["ids"])
+    slots = np.flatnonzero(ids >= 0)
+    slots = slots[np.argsort(ids[slots], kind="stable")]
+    stored = state.get("rows") or {}
+    index = torch.from_numpy(slots)
+    rows = {k: v.index_select(0, index) for k, v in stored.items()} if slots.size else {}
+    sampler = state["sampler"]
+    if "leaves" not in sampler:
+        return Stored(rows, None, 1.0)
+    return Stored(rows, np.asarray(sampler["leaves"], dtype=np.float64)[slots], float(sampler["max_priority"]))

@@ -251,3 +251,34 @@ def test_priority_mass_is_the_sum_and_minimum_of_the_rows_priorities():
         plain.flush()
         with pytest.raises(SemanticsError, match="priority_mass needs sampler='prioritized'"):
             plain.buffer.priority_mass()
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized"])
+def test_stored_in_order_reads_a_state_back_as_the_running_buffer_holds_it(sampler):
+    """``stored_in_order`` (what RLlib's state and a re-sharding restore are written from) is the live buffer's
+    ``oldest_first`` / ``priorities_at``, after the ring wrapped and priorities moved, without the buffer."""
+    from conduit import Conduit
+    from conduit.ext import stored_in_order
+
+    edp = Conduit(policy="off_policy", train_batch_size=8, capacity=48, sampler=sampler, seed=0)
+    with edp:
+        for start in (0, 40):  # wraps the 48-slot ring
+            edp.push({k: v[start : start + 40] for k, v in transitions(80).items()})
+        edp.flush()
+        buf = edp.buffer
+        slots, rows = buf.oldest_first()
+        if sampler == "prioritized":
+            buf.update_priorities(slots, buf.ids[slots].copy(), np.linspace(0.5, 3.0, slots.size))
+        stored = stored_in_order(edp.state_dict()["buffer"])
+        assert set(stored.rows) == set(rows) and stored.rows["tid"].tolist() == list(range(32, 80))
+        for k in rows:
+            assert torch.equal(stored.rows[k], rows[k])
+        if sampler == "prioritized":
+            leaves, top = buf.priorities_at(slots)
+            np.testing.assert_array_equal(stored.leaves, leaves)
+            assert stored.max_priority == top == pytest.approx(3.0)
+        else:
+            assert stored.leaves is None and stored.max_priority == 1.0
+    empty = Conduit(policy="off_policy", train_batch_size=8, capacity=16)
+    with empty:
+        assert stored_in_order(empty.state_dict()["buffer"]).rows == {}

@@ -295,13 +295,11 @@ def test_the_code_cites_the_projects_own_design_page_and_its_sections_exist():
 #: the runtime's one face to a buffer (``push``/``flush``/``pull``/``minibatches`` are the runtime's own)
 BUFFER_FACE = {"update_priorities", "state_dict", "load_state_dict"}
 #: the buffer's side doors still called from outside the runtime, each to close (issue "one data plane", item 2):
-#: RLlib's checkpoint format and generator, and the sharded buffer's global draw and its checkpoint
+#: RLlib's beta annealed at each sample, its settable generator and a batch size the delivery path does not serve;
+#: the sharded buffer's global draw, and a re-sharding restore's rows and priorities
 BUFFER_SIDE_DOORS = {
-    ("integrations/rllib/bounded_store.py", "oldest_first"), ("integrations/rllib/bounded_store.py", "priorities_at"),
-    ("integrations/rllib/bounded_store.py", "restore_priorities"), ("integrations/rllib/bounded_store.py", "sample"),
-    ("integrations/rllib/bounded_store.py", "set_beta"), ("integrations/rllib/bounded_store.py", "use_rng"),
-    ("integrations/rllib/bounded_store.py", "write"),
-    ("conduit/distributed/checkpoint.py", "oldest_first"), ("conduit/distributed/checkpoint.py", "priorities_at"),
+    ("integrations/rllib/bounded_store.py", "sample"), ("integrations/rllib/bounded_store.py", "set_beta"),
+    ("integrations/rllib/bounded_store.py", "use_rng"),
     ("conduit/distributed/checkpoint.py", "restore_priorities"), ("conduit/distributed/checkpoint.py", "write"),
     ("conduit/distributed/replay.py", "priorities_at"), ("conduit/distributed/replay.py", "priority_mass"),
     ("conduit/distributed/replay.py", "sample"),

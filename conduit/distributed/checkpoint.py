@@ -55,7 +55,7 @@ from conduit.core import SamplerKind
 from conduit.errors import CheckpointError
 from conduit.executor import process_alive
 from conduit.placement.records import largest_remainder
-from conduit.runtime import Conduit
+from conduit.snapshot import stored_in_order
 from conduit.spec import ExperienceSpec
 
 #: the rank's :class:`~conduit.distributed.runtime.DistributedConduit` (not imported: it imports this module)
@@ -327,27 +327,21 @@ def _load_rows(edp: DistributedConduit, rows: dict[str, Any] | None) -> None:
     edp.shard.start()
     buf = edp.shard.buffer
     assert buf is not None
-    buf.write([rows["merged"]])
+    first, n = buf.write([rows["merged"]])
     if rows["leaves"] is not None and edp.config.sampler is SamplerKind.PRIORITIZED:
-        slots, _ = buf.oldest_first()
+        ids = np.asarray(buf.ids)
+        slots = np.flatnonzero((ids >= first) & (ids < first + n))
+        slots = slots[np.argsort(ids[slots], kind="stable")]  # the merged rows' slots, in their order
         buf.restore_priorities(slots, rows["leaves"], rows["max_priority"])
 
 
 def _read_shard(edp: DistributedConduit, where: Path) -> tuple[dict[str, torch.Tensor], np.ndarray | None, float]:
-    """An old shard's live rows (oldest first) and their priorities (``p^alpha``), read through a core runtime."""
+    """An old shard's live rows (oldest first) and their priorities (``p^alpha``), read from its checkpoint's
+    state (a pure function of it: no runtime)."""
+    _, comps = core_checkpoint.load(where)
     if edp.on_policy is not None:
-        _, comps = core_checkpoint.load(where)
-        rows = comps["onpolicy"]["rows"]
-        return dict(rows), None, 1.0
-    old = Conduit.from_checkpoint(where, storage_device="cpu")
-    try:
-        old.start()
-        buf = old.buffer
-        assert buf is not None
-        slots, rows = buf.oldest_first()
-        if edp.config.sampler is SamplerKind.PRIORITIZED and slots.size:
-            leaf, mp = buf.priorities_at(slots)
-            return rows, np.asarray(leaf, dtype=np.float64), float(mp)
-        return rows, None, 1.0
-    finally:
-        old.close()
+        return dict(comps["onpolicy"]["rows"]), None, 1.0
+    stored = stored_in_order(comps["buffer"])
+    if edp.config.sampler is SamplerKind.PRIORITIZED and stored.leaves is not None and stored.leaves.size:
+        return stored.rows, stored.leaves, stored.max_priority
+    return stored.rows, None, 1.0

@@ -142,7 +142,7 @@ class OnPolicyShare:
                 )
                 off += n
                 self.pulls += 1
-                yield Batch(owner.deliver(data), info)
+                yield Batch(owner.deliver(data, info), info)
 
     def state_dict(self) -> dict[str, object]:
         """The open iteration's rows (a checkpoint keeps what was pushed and not yet trained on)."""

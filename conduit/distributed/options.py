@@ -4,6 +4,7 @@ the configs it refuses (with why), kept apart from :mod:`conduit.distributed.run
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -11,7 +12,7 @@ from conduit.config import ConduitConfig
 from conduit.core import Policy, SamplerKind, as_granularity
 from conduit.errors import ConfigError
 
-__all__ = ["DistributedStats", "Routing", "Sampling", "validate", "validate_rate"]
+__all__ = ["DistributedStats", "Routing", "Sampling", "validate", "validate_local", "validate_rate"]
 
 
 class Sampling(str, Enum):
@@ -75,3 +76,15 @@ def validate_rate(cfg: ConduitConfig, sampling: Sampling, world: int) -> None:
             f"learners x delivery granularity {g} x train_batch_size={cfg.train_batch_size} rows): no pull could "
             f"ever keep the ratio"
         )
+
+
+def validate_local(cfg: ConduitConfig, sampling: Sampling, capacities: Sequence[int]) -> None:
+    """Raise ``ConfigError`` where local sampling could not draw a batch from a shard (each learner pulls whole
+    batches from its own shard, through that shard's delivery path)."""
+    if sampling is not Sampling.LOCAL or min(capacities) >= cfg.train_batch_size:
+        return
+    small = min(range(len(capacities)), key=lambda r: capacities[r])
+    raise ConfigError(
+        f"sampling='local': rank {small}'s shard holds {capacities[small]} rows at most, fewer than a batch "
+        f"(train_batch_size={cfg.train_batch_size}); raise capacity or sample globally"
+    )

@@ -176,19 +176,19 @@ class ReplayShare:
         return replan
 
     def _draw_local(self) -> list[ShardedBatch]:
+        """Local sampling: ``g`` pulls from this rank's shard through its own delivery path (the core's draw, hook
+        and batch memory; the shard starts sampling at its share of ``min_size_to_sample``)."""
         edp = self.edp
         assert edp.shard is not None and edp.shard.buffer is not None
-        buf = edp.shard.buffer
-        if buf.rows < edp.local_sample_min():
-            raise SemanticsError(f"rank {edp.rank}'s shard holds {buf.rows} rows: too few to sample (local mode)")
-        B = edp.config.train_batch_size
+        if edp.shard.buffer.rows < edp.local_sample_min():
+            raise SemanticsError(
+                f"rank {edp.rank}'s shard holds {edp.shard.buffer.rows} rows: too few to sample (local mode)"
+            )
         out = []
         for _ in range(self.mode.g):
-            s = buf.sample(B)
-            weights = s.weights
-            data = edp.deliver({k: v.to(edp.device) for k, v in s.data.items()})
-            info = self._info(s.rows, weights, s.version, Mode(False, Fraction(self.mode.g)))
-            out.append(ShardedBatch(data, info, np.full(B, edp.rank, dtype=np.int64)))
+            b = edp.shard.pull()
+            info = self._info(b.info.rows, b.info.weights, b.info.buffer_version, Mode(False, Fraction(self.mode.g)))
+            out.append(ShardedBatch(dict(b.items()), info, np.full(len(info.rows), edp.rank, dtype=np.int64)))
         self.exchanges += 1
         return out
 
@@ -257,8 +257,9 @@ class ReplayShare:
             owners = np.concatenate([np.full(int(v[META_SLOT].shape[0]), s, dtype=np.int64) for s, v in parts[k]])
             rows = DrawnRows(cols.pop(META_SLOT).numpy(), cols.pop(META_ID).numpy())
             weights = cols.pop(META_WEIGHT).numpy() if prioritized else None
-            data = edp.deliver({f: t.to(edp.device, non_blocking=True) for f, t in cols.items()})
-            out.append(ShardedBatch(data, self._info(rows, weights, version, Mode(overlap, Fraction(g))), owners))
+            info = self._info(rows, weights, version, Mode(overlap, Fraction(g)))
+            data = edp.deliver({f: t.to(edp.device, non_blocking=True) for f, t in cols.items()}, info)
+            out.append(ShardedBatch(data, info, owners))
         self.exchanges += 1
         return out
 
@@ -283,14 +284,17 @@ def shard_mass(buf: Any, cfg: ConduitConfig) -> tuple[float, float]:
     return total, low
 
 
-def shard_config(cfg: ConduitConfig, capacity: int, rank: int, device: str) -> ConduitConfig:
-    """The config of one rank's shard: its capacity, one learner, delivery inline (this module draws)."""
+def shard_config(
+    cfg: ConduitConfig, capacity: int, rank: int, device: str, sample_min: int | None = None
+) -> ConduitConfig:
+    """The config of one rank's shard: its capacity, one learner, delivery inline (a global draw is this module's;
+    local sampling pulls through the shard's own delivery path, from ``sample_min`` rows: its share)."""
     d = cfg.model_dump()
     pinned = {**d["pinned"], "delivery_overlap": False, "delivery_granularity": "1"}
     d.update(rate_limit=None)  # the group's ratio is the runtime's (:mod:`conduit.distributed.ratelimit`)
     d.update(
         capacity=capacity, train_batch_size=min(cfg.train_batch_size, capacity), num_learners=1,
-        learner_device=device, min_size_to_sample=None, pinned=pinned,
+        learner_device=device, min_size_to_sample=sample_min, pinned=pinned,
         seed=None if cfg.seed is None else cfg.seed * 1_000_003 + rank + 1,
     )
     return ConduitConfig(**d)

@@ -73,14 +73,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from conduit.batch import Batch
+from conduit.batch import Batch, BatchInfo
 from conduit.config import ConduitConfig
 from conduit.core import Policy
 from conduit.distributed import sampling as smp
 from conduit.distributed.admission import GroupSpec, Router, spec_text
 from conduit.distributed.exchange import dumps, loads
 from conduit.distributed.group import RankGroup
-from conduit.distributed.options import DistributedStats, Routing, Sampling, validate, validate_rate
+from conduit.distributed.options import DistributedStats, Routing, Sampling, validate, validate_local, validate_rate
 from conduit.distributed.ratelimit import GroupRateLimit
 from conduit.distributed.replay import (
     HEAD,
@@ -96,7 +96,9 @@ from conduit.distributed.replay import (
 )
 from conduit.distributed.shards import shard_storage
 from conduit.errors import ConfigError, SemanticsError, SpecError
-from conduit.hooks import HookKind, HookRegistry, Reader, Writer
+from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, HookKind, HookRegistry
+from conduit.operators import HookOperator
+from conduit.paths.delivery import hooked
 from conduit.runtime import Conduit
 from conduit.scheduling.group import DeliveryMode
 from conduit.spec import Data, ExperienceSpec, as_tensors, batch_size_of, rows_of
@@ -145,7 +147,11 @@ class DistributedConduit:
         self.sampling = Sampling(sampling)
         self.routing = Routing(routing)
         validate(cfg, self.routing)
-        validate_rate(cfg, self.sampling, dist.get_world_size(group))  # before the group forms: nothing to undo
+        world = dist.get_world_size(group)  # before the group forms: nothing to undo
+        validate_rate(cfg, self.sampling, world)
+        if cfg.policy is Policy.OFF_POLICY:
+            assert cfg.capacity is not None
+            validate_local(cfg, self.sampling, smp.shard_capacities(cfg.capacity, world, shares))
         self.group = RankGroup(cfg.timeout_s, group)
         self.rank, self.world = self.group.rank, self.group.world
         self.registry = registry or HookRegistry()
@@ -182,7 +188,9 @@ class DistributedConduit:
             assert cfg.capacity is not None
             self.capacities = smp.shard_capacities(cfg.capacity, self.world, shares)
             self.router = Router(self.routing, self.rank, self.capacities)
-            shard_cfg = shard_config(cfg, self.capacities[self.rank], self.rank, str(self.device))
+            local = self.sampling is Sampling.LOCAL
+            shard_cfg = shard_config(cfg, self.capacities[self.rank], self.rank, str(self.device),
+                                     self.local_sample_min() if local else None)
             storage = shard_storage(cfg, self.device, self.capacities[self.rank], self.group.local_ranks,
                                     gpu_sharers=self.device_sharers)
             self.shard: Conduit | None = Conduit(shard_cfg, spec=spec, registry=self.registry, storage=storage)
@@ -380,16 +388,12 @@ class DistributedConduit:
         planner = self.replay.planner if self.replay is not None else None
         return planner.report() if planner is not None and planner.chosen is not None else []
 
-    def deliver(self, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The registered delivery hook over the learner's whole batch (identity when none)."""
+    def deliver(self, data: dict[str, torch.Tensor], info: BatchInfo) -> dict[str, torch.Tensor]:
+        """The registered delivery hook over the learner's whole batch, as a delivery path runs it
+        (:func:`conduit.paths.delivery.hooked`: the same operator, ``exp_in.info``, row check)."""
         spec = self.registry.get(HookKind.DELIVERY)
-        if spec is None:
-            return data
-        w = Writer("Learner")
-        spec.fn(Reader("ExperienceBuffer", data), w)
-        if len(w.items) == 1:
-            return w.items[0]
-        return {k: torch.cat([it[k] for it in w.items]) for k in w.items[0]} if w.items else {}
+        hook = HookOperator("hook", spec.fn, EXPERIENCE_BUFFER, LEARNER) if spec is not None else None
+        return hooked(hook, data, info)
 
     def minibatches(self, *, timeout: float | None = None) -> Iterator[Batch]:
         """On-policy, collective: this learner's part of every mini-batch of the iteration pushed so far."""

@@ -46,7 +46,7 @@ from conduit.paths.base import DataPath
 from conduit.paths.claims import Claim, DeliveryStats, Place, Staged
 from conduit.trace import Tracer
 
-__all__ = ["Claim", "DeliveryPath", "DeliveryStats", "HookFn", "Place", "Staged"]
+__all__ = ["Claim", "DeliveryPath", "DeliveryStats", "HookFn", "Place", "Staged", "hooked"]
 
 HookFn = Callable[[Reader, Writer], object]
 
@@ -223,12 +223,7 @@ class DeliveryPath(DataPath):
         if len(parts) == len(sizes) and all(next(iter(p.values())).shape[0] == s for p, s in zip(parts, sizes)):
             return packet
         whole = parts[0] if len(parts) == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-        rows = next(iter(whole.values())).shape[0] if whole else 0
-        if rows != sum(sizes):
-            raise ConduitError(
-                f"the delivery hook wrote {rows} rows but this invocation delivers {sum(sizes)} "
-                f"(batches of {sizes}); a delivery hook must keep one output row per input row"
-            )
+        _kept_rows(whole, sizes)
         chunks = {k: torch.split(v, sizes) for k, v in whole.items()}
         packet.parts = [{k: c[i] for k, c in chunks.items()} for i in range(len(sizes))]
         return packet
@@ -356,7 +351,8 @@ class DeliveryPath(DataPath):
                 if not staged:
                     return None
             item, index = self._pop(learner)
-            self.cond.notify_all()  # the worker may stage the next invocation
+        # the worker may stage the next invocation: woken when the hand-over ends (_hand_over), not here, so it
+        # does not take the interpreter from this pull halfway through
         return self._hand_over(learner, item, index)
 
     def _wait(
@@ -397,8 +393,9 @@ class DeliveryPath(DataPath):
         finally:
             with self._lock:
                 self.handing -= 1
-                if not self.handing:
-                    self.cond.notify_all()  # a checkpoint may wait for the counts to settle (settled())
+                if not self.handing:  # (the last hand-over of concurrent pulls wakes for all of them)
+                    # the worker may stage the next invocation; a checkpoint may wait for the counts to settle
+                    self.cond.notify_all()
         return Batch(item.data, info)
 
     # -- control ----------------------------------------------------------------------------
@@ -449,3 +446,48 @@ class DeliveryPath(DataPath):
                 for item in items:
                     data = {k: v.to(self.devices[learner]) for k, v in item["data"].items()}
                     self.staged[learner].append(Staged(data, BatchInfo.from_state_dict(item["info"]), None))
+
+
+def _kept_rows(whole: dict[str, torch.Tensor], sizes: Sequence[int]) -> None:
+    """A delivery hook keeps one output row per input row (the batches' sizes and provenance depend on it)."""
+    rows = next(iter(whole.values())).shape[0] if whole else 0
+    if rows != sum(sizes):
+        raise ConduitError(
+            f"the delivery hook wrote {rows} rows but this invocation delivers {sum(sizes)} "
+            f"(batches of {sizes}); a delivery hook must keep one output row per input row"
+        )
+
+
+class _BatchFacts:
+    """A batch's :class:`BatchInfo` as what a delivery hook reads as ``exp_in.info``: the keys a path's own
+    invocation gives (:meth:`Claim.facts` and its policy's), for rows a path did not draw itself."""
+
+    def __init__(self, info: BatchInfo, rows: int) -> None:
+        self.info, self.rows = info, rows
+
+    def facts(self) -> dict[str, object]:
+        i = self.info
+        out: dict[str, object] = {
+            "learner": i.learner, "mode": i.mode, "granularity": float(i.mode.granularity), "sizes": [self.rows],
+            "rows": self.rows, "sampled_at_pull": i.sampled_at_pull, "buffer_version": i.buffer_version,
+            "version": i.buffer_version,
+        }
+        if i.epoch is None:  # off-policy: the draw (ReplayClaim.facts)
+            out.update(invocation=i.iteration, drawn=i.rows, weights=i.weights, indices=i.indices, ids=i.ids)
+        else:  # on-policy: the mini-batch's rows (MinibatchClaim.facts)
+            out.update(iteration=i.iteration, rows=[i.indices], ids=[i.ids])
+        return out
+
+
+def hooked(hook: HookOperator | None, data: dict[str, torch.Tensor], info: BatchInfo) -> dict[str, torch.Tensor]:
+    """One batch through a delivery hook outside a path's invocation (the sharded runtime's rows come from its
+    exchange): the path's own operator (a failure is :class:`~conduit.errors.HookFailed` naming the hook, and
+    ``exp_in.info`` holds the batch's facts under the keys a path gives) and its check that the hook kept one
+    output row per input row. Without a hook, ``data`` itself."""
+    if hook is None:
+        return data
+    rows = next(iter(data.values())).shape[0] if data else 0
+    parts = hook.run(Packet([data], _BatchFacts(info, rows))).parts
+    whole = parts[0] if len(parts) == 1 else ({k: torch.cat([p[k] for p in parts]) for k in parts[0]} if parts else {})
+    _kept_rows(whole, [rows])
+    return whole

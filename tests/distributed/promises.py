@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 import conduit
@@ -125,6 +126,51 @@ def hooked_and_on_policy(rank: int, world: int) -> dict[str, Any]:
             else:
                 st = edp.stats()
                 res.update(pushed=sum(st.pushed_rows), ingested=sum(st.ingested_rows), refused=sum(st.refused_rows))
+        except Exception as e:
+            res["error"] = f"{type(e).__name__}: {e}"
+        edp.close()
+        out[case] = edp_gather(rank, world, res)
+    return out
+
+
+def delivery_hooks(rank: int, world: int) -> dict[str, Any]:
+    """A delivery hook under the sharded runtime runs as one process's does: it reads its batch's facts
+    (``exp_in.info``: global weights, slots, ids; on-policy the mini-batch's rows), a hook that drops a row is
+    refused by name, a failing one raises ``HookFailed`` naming it -- on every rank, at the same pull."""
+    out: dict[str, Any] = {}
+    for case in ("facts", "facts_local", "facts_on_policy", "drops", "fails"):
+        if case == "facts_local":  # local sampling: the shard's own delivery path runs the hook
+            edp = cd.Conduit(policy="off_policy", train_batch_size=8, capacity=100 * world, sampler="prioritized",
+                             seed=11, timeout_s=30, sampling="local")
+        elif case == "facts_on_policy":
+            edp = cd.Conduit(policy="on_policy", train_batch_size=8 * world, num_minibatches=2, num_epochs=1,
+                             num_learners=world, seed=7, timeout_s=30)
+        else:
+            edp = cd.Conduit(policy="off_policy", train_batch_size=8, capacity=100 * world, sampler="prioritized",
+                             seed=11, timeout_s=30, sampling="global")
+
+        @edp.register_delivery()
+        def hook(exp_in: Any, learn_out: Any, case: str = case) -> None:
+            data, info = exp_in.read(), exp_in.info
+            if case == "fails":
+                raise ValueError("the learner's hook failed")
+            if case == "drops":
+                learn_out.write({k: v[1:] for k, v in data.items()})
+                return
+            ids = info["ids"][0] if case == "facts_on_policy" else info["ids"]
+            extra = {"seen_ids": torch.as_tensor(np.asarray(ids, dtype=np.int64))}
+            if case != "facts_on_policy":
+                extra["seen_w"] = torch.as_tensor(np.asarray(info["weights"], dtype=np.float64))
+            learn_out.write({**data, **extra})
+
+        res: dict[str, Any] = {}
+        try:
+            edp.push(good(rank, 0))
+            edp.push(good(rank, 1))
+            batch = next(iter(edp.minibatches())) if case == "facts_on_policy" else edp.pull()
+            res["ids_seen"] = batch["seen_ids"].tolist() == batch.info.ids.tolist()
+            if case in ("facts", "facts_local"):
+                res["weights_seen"] = bool(np.array_equal(batch["seen_w"].numpy(), batch.info.weights))
         except Exception as e:
             res["error"] = f"{type(e).__name__}: {e}"
         edp.close()

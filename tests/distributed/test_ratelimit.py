@@ -233,3 +233,17 @@ def test_a_ratio_the_group_could_never_keep_is_refused_before_it_forms(extra: di
     with pytest.raises(ConfigError, match=message):
         validate_rate(ConduitConfig(**fields), sampling, world=4)
     validate_rate(ConduitConfig(**{**fields, "rate_limit": None}), sampling, world=4)  # no ratio: nothing to keep
+
+
+def test_local_sampling_from_a_shard_smaller_than_a_batch_is_refused_before_the_group_forms() -> None:
+    """Each learner pulls whole batches from its own shard: the smallest shard must hold one (the same
+    capacities on every rank, so every rank refuses alike)."""
+    from conduit.distributed import sampling as smp
+    from conduit.distributed.options import validate_local
+
+    cfg = ConduitConfig(policy="off_policy", train_batch_size=64, capacity=200)
+    capacities = smp.shard_capacities(200, 4, None)  # 50 rows each
+    with pytest.raises(ConfigError, match=r"sampling='local': rank \d's shard holds 50 rows"):
+        validate_local(cfg, Sampling.LOCAL, capacities)
+    validate_local(cfg, Sampling.GLOBAL, capacities)  # a global draw takes rows from every shard
+    validate_local(cfg, Sampling.LOCAL, smp.shard_capacities(400, 4, None))

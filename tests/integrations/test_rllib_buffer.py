@@ -174,3 +174,17 @@ def test_unsupported_requests_fail_clearly(cartpole_chunks):
         ConduitPrioritizedEpisodeReplayBuffer(capacity=100, conduit={"staleness": "eventually"})
     with pytest.raises(ConfigError, match="random n-step"):
         ConduitPrioritizedEpisodeReplayBuffer(capacity=100, conduit={"n_step": (1, 3)})
+
+
+def test_a_bounded_state_from_before_conduits_checkpoint_format_is_refused_by_name(cartpole_chunks):
+    buf = ConduitPrioritizedEpisodeReplayBuffer(capacity=100, conduit={"n_step": 1})
+    try:
+        buf.add(cartpole_chunks(40))
+        state = buf.get_state()
+        assert state["conduit_version"] == 3 and state["store"]["conduit"] is None  # no sample yet: rows pending
+        buf.sample(num_items=8, n_step=1, **SAMPLE)
+        assert set(buf.get_state()["store"]["conduit"]) == {"buffer", "ingestion", "delivery"}
+        with pytest.raises(ConfigError, match="conduit_version=2"):
+            buf.set_state({**state, "conduit_version": 2})
+    finally:
+        buf.close()

@@ -86,3 +86,20 @@ def test_a_bad_push_raises_at_the_push_with_an_ingestion_hook_and_on_policy(worl
         else:
             first = ranks[0]
             assert first["pushed"] == first["ingested"] == 8 * world and first["refused"] == 0
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_delivery_hook_across_ranks_runs_as_one_processs_does(worlds, world):
+    """The hook reads its batch's facts (global importance weights, slots and ids; local sampling: the shard's own
+    delivery path's; on-policy the mini-batch's rows); dropping a row or failing raises on every rank, as a
+    single-process delivery path does."""
+    cases = worlds[world]["delivery_hooks"]
+    for case in ("facts", "facts_local", "facts_on_policy"):
+        for r, res in enumerate(cases[case]):
+            assert "error" not in res, (case, r, res)
+            assert res["ids_seen"], (case, r)
+            assert res.get("weights_seen", True), (case, r)
+    for r, res in enumerate(cases["drops"]):
+        assert res["error"].startswith("ConduitError") and "one output row per input row" in res["error"], (r, res)
+    for r, res in enumerate(cases["fails"]):
+        assert res["error"].startswith("HookFailed") and "hook" in res["error"], (r, res)

@@ -181,6 +181,8 @@ def check(where: str | Path, manifest: Mapping[str, Any], state: Mapping[str, An
 class Stored(NamedTuple):
     """A replay buffer's live rows read back from its ``state_dict``, oldest first."""
 
+    #: the slot each row was in, oldest first
+    slots: np.ndarray
     #: each field's rows, oldest first (empty when the buffer held none)
     rows: dict[str, torch.Tensor]
     #: prioritized replay: each row's priority after ``** alpha`` (the sampler's leaf), else None
@@ -203,5 +205,5 @@ def stored_in_order(state: Mapping[str, Any]) -> Stored:
     rows = {k: v.index_select(0, index) for k, v in stored.items()} if slots.size else {}
     sampler = state["sampler"]
     if "leaves" not in sampler:
-        return Stored(rows, None, 1.0)
-    return Stored(rows, np.asarray(sampler["leaves"], dtype=np.float64)[slots], float(sampler["max_priority"]))
+        return Stored(slots, rows, None, 1.0)
+    return Stored(slots, rows, np.asarray(sampler["leaves"], dtype=np.float64)[slots], float(sampler["max_priority"]))

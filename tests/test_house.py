@@ -301,8 +301,7 @@ BUFFER_SIDE_DOORS = {
     ("integrations/rllib/bounded_store.py", "sample"), ("integrations/rllib/bounded_store.py", "set_beta"),
     ("integrations/rllib/bounded_store.py", "use_rng"),
     ("conduit/distributed/checkpoint.py", "restore_priorities"), ("conduit/distributed/checkpoint.py", "write"),
-    ("conduit/distributed/replay.py", "priorities_at"), ("conduit/distributed/replay.py", "priority_mass"),
-    ("conduit/distributed/replay.py", "sample"),
+    ("conduit/distributed/replay.py", "priority_mass"), ("conduit/distributed/replay.py", "sample"),
 }
 
 

@@ -281,3 +281,21 @@ def test_new_rows_start_at_the_configured_max_priority_and_feedback_sets_beta_fo
         np.testing.assert_allclose(nxt.info.weights, (w / w.max())[nxt.info.indices], rtol=1e-5)
         with pytest.raises(ValueError, match="beta"):
             edp.update_priorities(nxt, np.ones(4), beta=1.5)
+
+
+@pytest.mark.parametrize("distinct", [False, True])
+def test_a_prioritized_draw_carries_its_rows_leaves_and_beta(distinct):
+    """What a draw over several buffers as one re-weighs by (conduit.distributed): each drawn row's ``p^alpha`` and
+    the ``beta`` of its weights, read in the draw itself; the local weights follow from them."""
+    live = table(20, 32)
+    sampler = PrioritizedSampler(32, alpha=0.6, beta=0.4)
+    slots = np.arange(20)
+    sampler.on_insert(slots)
+    sampler.update_priorities(slots, np.linspace(0.1, 4.0, slots.size))
+    rng = np.random.default_rng(3)
+    draw = sampler.sample_distinct(8, live, rng) if distinct else sampler.sample(12, live, rng)
+    np.testing.assert_array_equal(draw.leaves, sampler.leaf_values(draw.indices))
+    assert draw.beta == 0.4
+    low = sampler.tree.min
+    np.testing.assert_allclose(draw.weights, (draw.leaves / low) ** -0.4, rtol=1e-6)
+    assert UniformSampler(32).sample(4, live, rng).leaves is None

@@ -54,6 +54,8 @@ class Sampled(NamedTuple):
     rows: DrawnRows  # slots and the ids they held, as arrays when first read
     weights: np.ndarray | None
     version: int
+    leaves: np.ndarray | None = None  # prioritized: the drawn rows' p^alpha and the beta of their weights
+    beta: float | None = None
 
     # the rows' slots and ids, read through ``rows`` as a batch's info reads them
     indices = BatchInfo.indices
@@ -276,7 +278,7 @@ class ReplayBuffer(ExperienceBuffer):
                 raise
             if order.enabled:
                 order.after_read()
-            return Sampled(data, self.drawn(draw), draw.weights, self.inserted)
+            return Sampled(data, self.drawn(draw), draw.weights, self.inserted, draw.leaves, draw.beta)
 
     def _select(self, n: int, reserve: bool) -> Draw:
         """One draw's slots (caller holds the lock): with ``reserve`` under ``max_times_sampled``, distinct rows
@@ -320,7 +322,7 @@ class ReplayBuffer(ExperienceBuffer):
                 self._unselect(draw, reserve)
                 raise
             self._order.after_read()
-            whole = Sampled({}, self.drawn(draw), draw.weights, self.inserted)
+            whole = Sampled({}, self.drawn(draw), draw.weights, self.inserted, draw.leaves, draw.beta)
             return parts, whole
 
     def drawn(self, draw: Draw) -> DrawnRows:
@@ -413,16 +415,6 @@ class ReplayBuffer(ExperienceBuffer):
             raise SemanticsError("restore_priorities needs sampler='prioritized'")
         with self.lock:
             self.sampler.set_leaf_values(slots, values, max_priority)  # type: ignore[attr-defined]
-
-    def oldest_first(self) -> tuple[np.ndarray, dict[str, torch.Tensor]]:
-        """The live rows in ingestion order (oldest first), and the slots they are in."""
-        with self.lock:
-            ids = self.table.ids
-            slots = np.flatnonzero(ids >= 0)
-            slots = slots[np.argsort(ids[slots], kind="stable")]
-            if not slots.size or self.storage is None:
-                return slots, {}
-            return slots, self.storage.gather(torch.from_numpy(slots))
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self, *, rows: bool = True) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from enum import Enum
 
 from conduit.config import ConduitConfig
 from conduit.core import Policy, SamplerKind, as_granularity
+from conduit.distributed.sampling import shard_capacities
 from conduit.errors import ConfigError
 
 __all__ = ["DistributedStats", "Routing", "Sampling", "validate", "validate_local", "validate_rate"]
@@ -78,10 +79,14 @@ def validate_rate(cfg: ConduitConfig, sampling: Sampling, world: int) -> None:
         )
 
 
-def validate_local(cfg: ConduitConfig, sampling: Sampling, capacities: Sequence[int]) -> None:
+def validate_local(cfg: ConduitConfig, sampling: Sampling, world: int, shares: Sequence[float] | None) -> None:
     """Raise ``ConfigError`` where local sampling could not draw a batch from a shard (each learner pulls whole
-    batches from its own shard, through that shard's delivery path)."""
-    if sampling is not Sampling.LOCAL or min(capacities) >= cfg.train_batch_size:
+    batches from its own shard, through that shard's delivery path); the same shards on every rank."""
+    if sampling is not Sampling.LOCAL or cfg.policy is not Policy.OFF_POLICY:
+        return
+    assert cfg.capacity is not None
+    capacities = shard_capacities(cfg.capacity, world, shares)
+    if min(capacities) >= cfg.train_batch_size:
         return
     small = min(range(len(capacities)), key=lambda r: capacities[r])
     raise ConfigError(

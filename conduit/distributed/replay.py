@@ -236,10 +236,9 @@ class ReplayShare:
                 put(views, sampled.data)
                 views[META_SLOT].copy_(torch.from_numpy(sampled.rows.indices))
                 views[META_ID].copy_(torch.from_numpy(sampled.rows.ids))
-                if prioritized:
-                    leaf, _ = buf.priorities_at(sampled.rows.indices)
-                    beta = buf.priority_mass()[2]
-                    views[META_WEIGHT].copy_(torch.from_numpy(smp.global_weights(leaf, low, beta)))
+                if prioritized:  # the draw's own leaves and beta, re-weighed by the group's smallest leaf
+                    assert sampled.leaves is not None and sampled.beta is not None
+                    views[META_WEIGHT].copy_(torch.from_numpy(smp.global_weights(sampled.leaves, low, sampled.beta)))
                 at += layout.block_bytes(n)
         recv = edp.group.exchange(send, send_sizes, recv_sizes, "pull (sampled rows)").cpu()
         version = int(state[:, INSERTED].sum())

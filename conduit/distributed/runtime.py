@@ -149,9 +149,7 @@ class DistributedConduit:
         validate(cfg, self.routing)
         world = dist.get_world_size(group)  # before the group forms: nothing to undo
         validate_rate(cfg, self.sampling, world)
-        if cfg.policy is Policy.OFF_POLICY:
-            assert cfg.capacity is not None
-            validate_local(cfg, self.sampling, smp.shard_capacities(cfg.capacity, world, shares))
+        validate_local(cfg, self.sampling, world, shares)
         self.group = RankGroup(cfg.timeout_s, group)
         self.rank, self.world = self.group.rank, self.group.world
         self.registry = registry or HookRegistry()

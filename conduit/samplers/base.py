@@ -29,6 +29,10 @@ class Draw(NamedTuple):
     array: np.ndarray | None  # int64 slots (None: see tensor)
     weights: np.ndarray | None = None  # float32, same length
     tensor: torch.Tensor | None = None  # the slots as a tensor, when the sampler drew one
+    #: prioritized: each drawn row's priority after ``** alpha`` and the exponent ``beta`` the weights used, read in
+    #: the draw (a draw over several buffers as one re-weighs its rows by the group's mass: conduit.distributed)
+    leaves: np.ndarray | None = None
+    beta: float | None = None
 
     @property
     def indices(self) -> np.ndarray:

@@ -56,11 +56,12 @@ class PrioritizedSampler(Sampler):
         points = (np.arange(n) + rng.random(n)) * segment
         np.clip(points, 0.0, np.nextafter(total, 0.0), out=points)
         idx = self.tree.find(points)
-        probs = self.tree.get(idx) / total
+        leaves = self.tree.get(idx)
+        probs = leaves / total
         p_min = self.tree.min / total
         # (N * P)^-beta / (N * P_min)^-beta == (P / P_min)^-beta
         weights = np.power(probs / p_min, -self.beta).astype(np.float32)
-        return Draw(idx, weights)
+        return Draw(idx, weights, leaves=leaves, beta=float(self.beta))  # (fancy indexing: a fresh array)
 
     def sample_distinct(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
         """``n`` distinct slots, each round drawn in proportion to priority among the rows not yet taken.
@@ -94,7 +95,7 @@ class PrioritizedSampler(Sampler):
             if chosen.size:
                 self.tree.update(chosen, taken_values)
         weights = np.power((taken_values / total) / p_min, -self.beta).astype(np.float32)
-        return Draw(chosen, weights)
+        return Draw(chosen, weights, leaves=taken_values, beta=float(self.beta))
 
     def update_priorities(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         pr = np.abs(np.asarray(priorities, dtype=np.float64)) + self.eps

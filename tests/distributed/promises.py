@@ -24,6 +24,7 @@ import conduit
 import conduit.distributed as cd
 from conduit.checkpoint import COMPLETE, MANIFEST
 from conduit.distributed import launch
+from conduit.ext import stored_in_order
 from conduit.spec import ExperienceSpec, FieldSpec
 
 #: the test rows' layout (``workers.unit``): obs float32 [n, 3], tid int64 [n]; obs declared finite
@@ -64,7 +65,7 @@ def _outcome(fn: Any) -> str:
 
 
 def _tids(edp: cd.Conduit) -> list[int]:
-    _, rows = edp.shard.buffer.oldest_first() if edp.shard.buffer is not None else (None, {})
+    rows = stored_in_order(edp.shard.buffer.state_dict())[1] if edp.shard.buffer is not None else {}
     return rows["tid"].tolist() if rows else []
 
 

@@ -238,12 +238,12 @@ def test_a_ratio_the_group_could_never_keep_is_refused_before_it_forms(extra: di
 def test_local_sampling_from_a_shard_smaller_than_a_batch_is_refused_before_the_group_forms() -> None:
     """Each learner pulls whole batches from its own shard: the smallest shard must hold one (the same
     capacities on every rank, so every rank refuses alike)."""
-    from conduit.distributed import sampling as smp
     from conduit.distributed.options import validate_local
 
-    cfg = ConduitConfig(policy="off_policy", train_batch_size=64, capacity=200)
-    capacities = smp.shard_capacities(200, 4, None)  # 50 rows each
+    cfg = ConduitConfig(policy="off_policy", train_batch_size=64, capacity=200)  # 50 rows a shard at 4 ranks
     with pytest.raises(ConfigError, match=r"sampling='local': rank \d's shard holds 50 rows"):
-        validate_local(cfg, Sampling.LOCAL, capacities)
-    validate_local(cfg, Sampling.GLOBAL, capacities)  # a global draw takes rows from every shard
-    validate_local(cfg, Sampling.LOCAL, smp.shard_capacities(400, 4, None))
+        validate_local(cfg, Sampling.LOCAL, 4, None)
+    with pytest.raises(ConfigError, match=r"rank 0's shard holds 40 rows"):  # unequal shares: the smallest
+        validate_local(cfg, Sampling.LOCAL, 2, [1.0, 4.0])
+    validate_local(cfg, Sampling.GLOBAL, 4, None)  # a global draw takes rows from every shard
+    validate_local(cfg, Sampling.LOCAL, 2, None)

@@ -22,6 +22,7 @@ import conduit
 import conduit.distributed as cd
 from conduit.distributed import launch
 from conduit.distributed.checkpoint import read_manifest
+from conduit.ext import stored_in_order
 from conduit.scheduling.group import DeliveryPlanner
 from tests.distributed import promises
 
@@ -48,20 +49,20 @@ def fill(edp: cd.Conduit, rank: int, rows: int, base: int = 0) -> np.ndarray:
 
 def set_local_priorities(edp: cd.Conduit) -> None:
     buf = edp.shard.buffer
-    slots, rows = buf.oldest_first()
+    slots, rows = stored_in_order(buf.state_dict())[:2]
     buf.update_priorities(slots, buf.ids[slots].copy(), prio(rows["tid"].numpy()))
 
 
 def shard_leaves(edp: cd.Conduit) -> dict[int, float]:
     """This rank's rows: transition id -> priority leaf (``p^alpha``)."""
     buf = edp.shard.buffer
-    slots, rows = buf.oldest_first()
+    slots, rows = stored_in_order(buf.state_dict())[:2]
     leaf, _ = buf.priorities_at(slots)
     return dict(zip(rows["tid"].tolist(), leaf.tolist(), strict=True))
 
 
 def shard_tids(edp: cd.Conduit) -> list[int]:
-    _, rows = edp.shard.buffer.oldest_first()
+    _, rows = stored_in_order(edp.shard.buffer.state_dict())[:2]
     return rows["tid"].tolist() if rows else []
 
 
@@ -139,7 +140,7 @@ def _cross_rank_priorities(edp: cd.Conduit, rank: int, world: int) -> dict[str, 
     sent = {int(t): float(p) for t, p, o in zip(b["tid"].tolist(), new, b.owners, strict=True) if o != rank}
     edp.pull()  # the next collective delivers them
     buf = edp.shard.buffer
-    slots, rows = buf.oldest_first()
+    slots, rows = stored_in_order(buf.state_dict())[:2]
     leaf, _ = buf.priorities_at(slots)
     mine = dict(zip(rows["tid"].tolist(), leaf.tolist(), strict=True))
     all_sent = edp.group.gather_object(sent, "test: sent priorities")
@@ -159,7 +160,7 @@ def _single_buffer_weights(tids: list[int]) -> dict[int, float]:
     with ref:
         ref.push(unit(tids))
         buf = ref.buffer
-        slots, rows = buf.oldest_first()
+        slots, rows = stored_in_order(buf.state_dict())[:2]
         buf.update_priorities(slots, buf.ids[slots].copy(), prio(rows["tid"].numpy()))
         out: dict[int, float] = {}
         for _ in range(30):

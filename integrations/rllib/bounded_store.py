@@ -173,16 +173,15 @@ class BoundedStore:
         def to_learner(exp_in: Reader, learn_out: Writer) -> None:
             learn_out.write(learner_columns(exp_in.read(), exp_in.info.get("weights"), n_step))
 
-        restore, self.restore = self.restore, None
-        if restore is not None:  # a restored buffer: Conduit's own checkpoint, before anything is pushed
-            edp.load_state_dict(restore)
-        else:
-            edp.start()
+        edp.start()
         self.edp = edp
         self._beta = self.beta  # the new runtime's sampler starts at the configured exponent
         buf = self._buffer()
         assert buf is not None
-        buf.use_rng(self._rng)
+        buf.use_rng(self._rng)  # while the buffer is empty: no draw can have used another generator
+        restore, self.restore = self.restore, None
+        if restore is not None:  # Conduit's own checkpoint (its generator's state goes into this generator)
+            edp.load_state_dict(restore)
         if self.pending:  # rows added before the runtime started (RLlib's warm-up), in one push
             rows = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]}
             self.pending = []

@@ -188,3 +188,28 @@ def test_a_bounded_state_from_before_conduits_checkpoint_format_is_refused_by_na
             buf.set_state({**state, "conduit_version": 2})
     finally:
         buf.close()
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_restored_bounded_buffer_draws_on_from_its_checkpoints_generator(cartpole_chunks, prefetch):
+    """The bounded state is Conduit's own checkpoint: rows, priorities and the generator. Inline, the restored
+    buffer's next draws are the original's; drawing ahead too, two restores of one state draw alike."""
+    opts = {"n_step": 1, "seed": 5, "prefetch": prefetch}
+    a = ConduitPrioritizedEpisodeReplayBuffer(capacity=150, alpha=0.6, conduit=opts)
+    b = ConduitPrioritizedEpisodeReplayBuffer(capacity=150, alpha=0.6, conduit=opts)
+    c = ConduitPrioritizedEpisodeReplayBuffer(capacity=150, alpha=0.6, conduit=opts)
+    try:
+        a.add(cartpole_chunks(120))
+        a.sample(num_items=16, n_step=1, **SAMPLE)
+        a.update_priorities(np.arange(1, 17, dtype=np.float64))
+        state = a.get_state()
+        b.set_state(state)
+        c.set_state(state)
+        got_b = [transitions(b.sample(num_items=16, n_step=1, **SAMPLE)) for _ in range(3)]
+        got_c = [transitions(c.sample(num_items=16, n_step=1, **SAMPLE)) for _ in range(3)]
+        assert got_b == got_c  # two restores of one state draw alike
+        if not prefetch:
+            assert got_b == [transitions(a.sample(num_items=16, n_step=1, **SAMPLE)) for _ in range(3)]
+    finally:
+        for buf in (a, b, c):
+            buf.close()

@@ -41,7 +41,7 @@ from conduit.errors import ConduitError, ConduitTimeout
 from conduit.executor import POLL_S, FailureBox, StreamSet, fail, handoff
 from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, Reader, Writer
 from conduit.memory import BatchMemory
-from conduit.operators import FnOperator, HookOperator, Operator, OperatorKind, Packet
+from conduit.operators import FnOperator, HookOperator, Operator, OperatorKind, Packet, concat
 from conduit.paths.base import DataPath
 from conduit.paths.claims import Claim, DeliveryStats, Place, Staged
 from conduit.trace import Tracer
@@ -222,7 +222,7 @@ class DeliveryPath(DataPath):
         parts = packet.parts
         if len(parts) == len(sizes) and all(next(iter(p.values())).shape[0] == s for p, s in zip(parts, sizes)):
             return packet
-        whole = parts[0] if len(parts) == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        whole = concat(parts)
         _kept_rows(whole, sizes)
         chunks = {k: torch.split(v, sizes) for k, v in whole.items()}
         packet.parts = [{k: c[i] for k, c in chunks.items()} for i in range(len(sizes))]
@@ -488,6 +488,6 @@ def hooked(hook: HookOperator | None, data: dict[str, torch.Tensor], info: Batch
         return data
     rows = next(iter(data.values())).shape[0] if data else 0
     parts = hook.run(Packet([data], _BatchFacts(info, rows))).parts
-    whole = parts[0] if len(parts) == 1 else ({k: torch.cat([p[k] for p in parts]) for k in parts[0]} if parts else {})
+    whole = concat(parts)
     _kept_rows(whole, [rows])
     return whole

@@ -300,9 +300,20 @@ class RankGroup:
         collection, when freeing a gloo group aborts the process."""
         if self._lane is not None:
             self._lane.close()
+        if self.rank == 0 and self._store is not None:
+            # rank 0 hosts the group's store, and close is not collective: a peer may still be finishing a request
+            # (the spec agreement of its last push) after this rank closed. The server outlives the group, so that
+            # request is answered rather than cut; the most recent few are kept, older ones go.
+            _HOSTED.append(self._store)
+            del _HOSTED[:-_KEEP_HOSTED]
         self._store = None
         self.closed = True
         self.meta = self.rows = None  # type: ignore[assignment]
+
+
+#: store servers of closed groups this process hosted, kept for peers still finishing a request (newest last)
+_HOSTED: list[dist.TCPStore] = []
+_KEEP_HOSTED = 16
 
 
 class _Request:

@@ -291,6 +291,9 @@ def shard_config(
     d = cfg.model_dump()
     pinned = {**d["pinned"], "delivery_overlap": False, "delivery_granularity": "1"}
     d.update(rate_limit=None)  # the group's ratio is the runtime's (:mod:`conduit.distributed.ratelimit`)
+    # no explicit ring of batches: local sampling pulls g batches an exchange before the learner takes one, so a
+    # ring of batch_pool would be overwritten under them (recycled memory is reused only once a batch is dropped)
+    d["tuning"] = {**d["tuning"], "batch_pool": 0}
     d.update(
         capacity=capacity, train_batch_size=min(cfg.train_batch_size, capacity), num_learners=1,
         learner_device=device, min_size_to_sample=sample_min, pinned=pinned,

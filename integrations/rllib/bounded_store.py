@@ -14,16 +14,16 @@ The runtime starts at the first ``sample()`` (it learns the batch size there):
 rows added during RLlib's warm-up wait as numpy arrays and enter the buffer in
 one write, so the first batch is never drawn from a nearly empty buffer.
 
-The buffer's state is Conduit's own checkpoint (``Conduit.state_dict``: rows, slots,
-priorities, generator) inside RLlib's state dict; a restored one is loaded into the
-runtime when it starts (``load_state_dict``), and :func:`conduit.ext.stored_in_order`
-reads the rows back oldest first for :meth:`BoundedStore.contents`.
+The buffer's state is RLlib-shaped: its rows oldest first and their priorities, read
+back from Conduit's own checkpoint (``Conduit.state_dict``) with
+:func:`conduit.ext.stored_in_order`, so a restore may change the capacity or the batch
+size; a restore writes them into a fresh ring before any draw.
 
 The core API used: ``Conduit`` (config, ``register_delivery``, ``start``, ``push``,
-``pull``, ``flush``, ``update_priorities``, ``state_dict``, ``load_state_dict``,
-``close``) and, still, three of its ``ReplayBuffer``'s side doors: ``sample`` (a batch
-size the delivery path does not serve), ``set_beta`` (RLlib anneals beta at each
-``sample``), ``use_rng`` (RLlib's settable generator).
+``pull``, ``flush``, ``state_dict``, ``close``) and its ``ReplayBuffer`` (``lock``,
+``ids``, ``size``, ``update_priorities``, and five calls beside the runtime's face:
+``sample`` for a batch size the delivery path does not serve, ``set_beta``, ``use_rng``,
+and ``write`` / ``restore_priorities`` for a restore).
 """
 
 from __future__ import annotations
@@ -178,17 +178,26 @@ class BoundedStore:
         self._beta = self.beta  # the new runtime's sampler starts at the configured exponent
         buf = self._buffer()
         assert buf is not None
-        buf.use_rng(self._rng)  # while the buffer is empty: no draw can have used another generator
+        with buf.lock:  # the delivery worker cannot draw before the restored priorities are in
+            buf.use_rng(self._rng)
+            if self.pending:
+                rows = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]}
+                drop = max(0, len(rows["rewards"]) - self.capacity)
+                rows = {k: v[drop:] for k, v in rows.items()}
+                self.pending = []
+                written = buf.write([rows]) if len(rows["rewards"]) else None
+                self._apply_restore(buf, written, drop)
+
+    def _apply_restore(self, buf: Any, written: tuple[int, int] | None, drop: int) -> None:
         restore, self.restore = self.restore, None
-        if restore is not None:  # Conduit's own checkpoint (its generator's state goes into this generator)
-            edp.load_state_dict(restore)
-        if self.pending:  # rows added before the runtime started (RLlib's warm-up), in one push
-            rows = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]}
-            self.pending = []
-            drop = max(0, len(rows["rewards"]) - self.capacity)
-            if len(rows["rewards"]) > drop:
-                edp.push({k: v[drop:] for k, v in rows.items()})
-        edp.flush()  # the first batch is never drawn from a partly ingested warm-up
+        if restore is None or not self.prioritized or written is None:
+            return
+        first, n = written
+        leaves = np.asarray(restore["leaves"], dtype=np.float64)[drop:]
+        ids = np.asarray(buf.ids)
+        slots = np.flatnonzero((ids >= first) & (ids < first + min(n, len(leaves))))
+        slots = slots[np.argsort(ids[slots], kind="stable")]
+        buf.restore_priorities(slots, leaves[: slots.size], float(restore["max_priority"]))
 
     # -- sample ---------------------------------------------------------------------------
     def sample(self, batch_size: int, beta: float) -> tuple[PreparedBatch, Handle]:
@@ -230,15 +239,17 @@ class BoundedStore:
 
     # -- persistence ------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        """The fold, the episode bookkeeping, rows added before the runtime started, and Conduit's checkpoint
-        (``None`` before the first sample; the held one when restored and not started yet)."""
-        rows = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]} if self.pending else {}
         out: dict[str, Any] = {"folder": self.folder.state(), "rows_total": self.rows_total,
-                               "episode_last_row": list(self.episode_last_row.items()), "pending": rows,
-                               "conduit": self.restore, "rng": self.rng.bit_generator.state}
-        if self.edp is not None:
-            self.edp.flush()
-            out["conduit"] = self.edp.state_dict(timeout=self.options.timeout_s)
+                               "episode_last_row": list(self.episode_last_row.items())}
+        if self.edp is None or self.edp.buffer is None:
+            rows = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]} if self.pending else {}
+            out.update(rows=rows, restore=self.restore, rng=self._rng.bit_generator.state)
+            return out
+        self.edp.flush()
+        checkpoint = self.edp.state_dict(timeout=self.options.timeout_s)["buffer"]
+        stored = stored_in_order(checkpoint)
+        restore = {"leaves": stored.leaves, "max_priority": stored.max_priority} if self.prioritized else None
+        out.update(rows={k: v.cpu().numpy() for k, v in stored.rows.items()}, restore=restore, rng=checkpoint["rng"])
         return out
 
     def load(self, state: dict[str, Any]) -> None:
@@ -247,26 +258,15 @@ class BoundedStore:
         self.folder.load(state["folder"])
         self.rows_total = int(state["rows_total"])
         self.episode_last_row = OrderedDict(state["episode_last_row"])
-        self.pending = [state["pending"]] if state["pending"] else []
-        self.restore = state["conduit"]
+        self.pending = [state["rows"]] if state["rows"] else []
+        self.restore = state["restore"]
         rng = np.random.default_rng()
         rng.bit_generator.state = state["rng"]
         self._rng = rng
 
     def contents(self) -> dict[str, np.ndarray]:
         """Stored rows, oldest first (tests, inspection)."""
-        state = self.state()
-        parts = []
-        if state["conduit"] is not None:
-            stored = stored_in_order(state["conduit"]["buffer"]).rows
-            if stored:
-                parts.append({k: v.cpu().numpy() for k, v in stored.items()})
-        if state["pending"]:
-            parts.append(state["pending"])
-        if not parts:
-            return {}
-        rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        return {k: v[-self.capacity :] for k, v in rows.items()}
+        return dict(self.state()["rows"])
 
     def close(self) -> None:
         if self.edp is not None:

@@ -56,9 +56,9 @@ from .options import BufferOptions, Staleness, parse_options
 
 __all__ = ["ConduitBufferStats", "ConduitEpisodeReplayBuffer", "ConduitPrioritizedEpisodeReplayBuffer"]
 
-#: 2: the exact mode's state is RLlib's buffer's own; 3: the bounded mode's holds Conduit's own checkpoint
-STATE_VERSION = 3
-_LOADS = {Staleness.BOUNDED.value: (3,), Staleness.EXACT.value: (2, 3)}
+#: 2: the exact mode's state is RLlib's buffer's own; the bounded mode's is unchanged since 1
+STATE_VERSION = 2
+_LOADS = {Staleness.BOUNDED.value: (1, 2), Staleness.EXACT.value: (2,)}
 
 @dataclass
 class _Handed:
@@ -424,11 +424,6 @@ class _ConduitReplay:
 
     def set_state(self, state: dict[str, Any]) -> None:
         version, staleness = state.get("conduit_version"), state.get("staleness")
-        if staleness == Staleness.BOUNDED.value and version in (1, 2):
-            raise ConfigError(
-                f"a bounded-mode buffer state of conduit_version={version}: from before the state held Conduit's own "
-                f"checkpoint ({STATE_VERSION}); this version cannot load it, save the buffer again with an older one"
-            )
         if version not in _LOADS.get(str(staleness), ()):
             raise ConfigError(
                 f"not a Conduit replay-buffer state this version loads (conduit_version={version!r}, "

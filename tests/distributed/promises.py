@@ -139,6 +139,19 @@ def delivery_hooks(rank: int, world: int) -> dict[str, Any]:
     (``exp_in.info``: global weights, slots, ids; on-policy the mini-batch's rows), a hook that drops a row is
     refused by name, a failing one raises ``HookFailed`` naming it -- on every rank, at the same pull."""
     out: dict[str, Any] = {}
+    edp = cd.Conduit(policy="off_policy", train_batch_size=4, capacity=100 * world, seed=3, timeout_s=30,
+                     sampling="local", tuning={"batch_pool": 2}, pinned={"delivery_granularity": 4})
+    res: dict[str, Any] = {}
+    try:  # four batches an exchange, a ring of two asked for: each batch still holds the rows its info names
+        pushed = torch.cat([good(rank, k)["tid"] for k in range(4)])
+        for k in range(4):
+            edp.push(good(rank, k))
+        batches = [edp.pull() for _ in range(8)]
+        res["rows_match"] = all(b["tid"].tolist() == pushed[torch.as_tensor(b.info.ids)].tolist() for b in batches)
+    except Exception as e:
+        res["error"] = f"{type(e).__name__}: {e}"
+    edp.close()
+    out["pool_local"] = edp_gather(rank, world, res)
     for case in ("facts", "facts_local", "facts_on_policy", "drops", "fails"):
         if case == "facts_local":  # local sampling: the shard's own delivery path runs the hook
             edp = cd.Conduit(policy="off_policy", train_batch_size=8, capacity=100 * world, sampler="prioritized",

@@ -176,40 +176,31 @@ def test_unsupported_requests_fail_clearly(cartpole_chunks):
         ConduitPrioritizedEpisodeReplayBuffer(capacity=100, conduit={"n_step": (1, 3)})
 
 
-def test_a_bounded_state_from_before_conduits_checkpoint_format_is_refused_by_name(cartpole_chunks):
-    buf = ConduitPrioritizedEpisodeReplayBuffer(capacity=100, conduit={"n_step": 1})
+def test_a_bounded_state_restores_into_another_capacity_and_batch_size(cartpole_chunks):
+    """The state is rows oldest first and their priorities (read from Conduit's checkpoint): a smaller ring keeps
+    the newest rows with their priorities, a batch drawn ahead before the save is not handed out after it (the
+    restored buffer draws the batch size it is asked for), and rows added before the first sample join them."""
+    a = ConduitPrioritizedEpisodeReplayBuffer(capacity=150, alpha=0.6, conduit={"n_step": 1, "seed": 5, "prefetch": True})
+    b = ConduitPrioritizedEpisodeReplayBuffer(capacity=100, alpha=0.6, conduit={"n_step": 1, "seed": 5, "prefetch": True})
     try:
-        buf.add(cartpole_chunks(40))
-        state = buf.get_state()
-        assert state["conduit_version"] == 3 and state["store"]["conduit"] is None  # no sample yet: rows pending
-        buf.sample(num_items=8, n_step=1, **SAMPLE)
-        assert set(buf.get_state()["store"]["conduit"]) == {"buffer", "ingestion", "delivery"}
-        with pytest.raises(ConfigError, match="conduit_version=2"):
-            buf.set_state({**state, "conduit_version": 2})
-    finally:
-        buf.close()
-
-
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_a_restored_bounded_buffer_draws_on_from_its_checkpoints_generator(cartpole_chunks, prefetch):
-    """The bounded state is Conduit's own checkpoint: rows, priorities and the generator. Inline, the restored
-    buffer's next draws are the original's; drawing ahead too, two restores of one state draw alike."""
-    opts = {"n_step": 1, "seed": 5, "prefetch": prefetch}
-    a = ConduitPrioritizedEpisodeReplayBuffer(capacity=150, alpha=0.6, conduit=opts)
-    b = ConduitPrioritizedEpisodeReplayBuffer(capacity=150, alpha=0.6, conduit=opts)
-    c = ConduitPrioritizedEpisodeReplayBuffer(capacity=150, alpha=0.6, conduit=opts)
-    try:
-        a.add(cartpole_chunks(120))
-        a.sample(num_items=16, n_step=1, **SAMPLE)
+        a.add(cartpole_chunks(140))
+        a.sample(num_items=16, n_step=1, **SAMPLE)  # and the next batch of 16 is drawn ahead
         a.update_priorities(np.arange(1, 17, dtype=np.float64))
         state = a.get_state()
+        want = a.contents()
         b.set_state(state)
-        c.set_state(state)
-        got_b = [transitions(b.sample(num_items=16, n_step=1, **SAMPLE)) for _ in range(3)]
-        got_c = [transitions(c.sample(num_items=16, n_step=1, **SAMPLE)) for _ in range(3)]
-        assert got_b == got_c  # two restores of one state draw alike
-        if not prefetch:
-            assert got_b == [transitions(a.sample(num_items=16, n_step=1, **SAMPLE)) for _ in range(3)]
+        leaves = np.asarray(state["store"]["restore"]["leaves"])
+        assert leaves.size == len(want["rewards"]) > 100
+        b.add(cartpole_chunks(10))  # before the first sample: pending beside the restored rows
+        added = b.get_state()["store"]["rows_total"] - state["store"]["rows_total"]
+        assert len(b.sample(num_items=32, n_step=1, **SAMPLE)) == 32
+        after = b.get_state()["store"]
+        kept = 100 - added  # the newest restored rows, then the ones added
+        assert len(after["rows"]["rewards"]) == 100 and 0 < added < 100
+        for k in want:
+            np.testing.assert_array_equal(after["rows"][k][:kept], want[k][-kept:])
+        np.testing.assert_array_equal(np.asarray(after["restore"]["leaves"])[:kept], leaves[-kept:])
     finally:
-        for buf in (a, b, c):
+        for buf in (a, b):
             buf.close()
+

@@ -99,6 +99,8 @@ def test_a_delivery_hook_across_ranks_runs_as_one_processs_does(worlds, world):
             assert "error" not in res, (case, r, res)
             assert res["ids_seen"], (case, r)
             assert res.get("weights_seen", True), (case, r)
+    for r, res in enumerate(cases["pool_local"]):  # local sampling: g batches drawn before any is handed out
+        assert res == {"rows_match": True}, (r, res)
     for r, res in enumerate(cases["drops"]):
         assert res["error"].startswith("ConduitError") and "one output row per input row" in res["error"], (r, res)
     for r, res in enumerate(cases["fails"]):

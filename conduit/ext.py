@@ -26,7 +26,8 @@ place it may import from (``tests/test_house.py`` checks every import of
 - the off-policy buffer a runtime holds (:class:`ReplayBuffer`: its lock, draws,
   priorities and contents), for an adapter that reseeds it, and :func:`stored_in_order`
   (:class:`Stored`): a buffer's rows and priorities read back, oldest first, from its
-  ``state_dict`` -- a framework's own checkpoint format written from Conduit's checkpoint;
+  ``state_dict`` -- a framework's own checkpoint format written from Conduit's checkpoint --
+  and :func:`slots_in_order`, the slots of a table's ids in id order;
 - :func:`explain`: an adapter's own pydantic options fail with the core's
   ``ConfigError`` message;
 - stage graphs (:class:`Stage`, :class:`Plan`, :class:`StageProfile`,
@@ -53,7 +54,7 @@ from conduit.nstep import NStepFolder, Segment
 from conduit.prefetch import Prefetcher, PrefetchStats
 from conduit.reuse import Reusable, ReuseQueue
 from conduit.samplers.base import Draw, Sampler
-from conduit.snapshot import Stored, stored_in_order
+from conduit.snapshot import Stored, slots_in_order, stored_in_order
 from conduit.stages import Plan, Stage, StageProfile, StageRunner, WaveTiming
 from conduit.storage import FixedStorage, Storage, StoragePolicy, TensorStorage
 from conduit.storage.tensor import fits
@@ -90,5 +91,6 @@ __all__ = [
     "explain",
     "fits",
     "handoff",
+    "slots_in_order",
     "stored_in_order",
 ]

@@ -35,7 +35,10 @@ from conduit.paths.delivery import DeliveryPath
 from conduit.paths.ingestion import IngestionPath
 from conduit.spec import ExperienceSpec
 
-__all__ = ["State", "Stored", "apply", "capture", "check", "manifest", "quiesced", "rebuild", "stored_in_order"]
+__all__ = [
+    "State", "Stored", "apply", "capture", "check", "manifest", "quiesced", "rebuild", "slots_in_order",
+    "stored_in_order",
+]
 
 #: component name -> its state dict (tensors, arrays and primitives only)
 State = dict[str, dict[str, Any]]
@@ -178,6 +181,14 @@ def check(where: str | Path, manifest: Mapping[str, Any], state: Mapping[str, An
             raise CheckpointError(f"{where}: buffer.pt names no sampler kind; {DAMAGED}")
 
 
+def slots_in_order(ids: np.ndarray, first: int = 0, n: int | None = None) -> np.ndarray:
+    """The slots of a slot table's ``ids`` holding transition ids ``[first, first + n)`` (every live one without
+    ``n``), in id order: oldest first, or the rows of one write in the order written."""
+    held = (ids >= first) if n is None else (ids >= first) & (ids < first + n)
+    slots = np.flatnonzero(held)
+    return slots[np.argsort(ids[slots], kind="stable")]
+
+
 class Stored(NamedTuple):
     """A replay buffer's live rows read back from its ``state_dict``, oldest first."""
 
@@ -197,9 +208,7 @@ def stored_in_order(state: Mapping[str, Any]) -> Stored:
     A pure function of the state, so a framework's checkpoint format or a re-sharding can be
     written from Conduit's own checkpoint without reaching into a running buffer.
     """
-    ids = np.asarray(state["table"]["ids"])
-    slots = np.flatnonzero(ids >= 0)
-    slots = slots[np.argsort(ids[slots], kind="stable")]
+    slots = slots_in_order(np.asarray(state["table"]["ids"]))
     stored = state.get("rows") or {}
     index = torch.from_numpy(slots)
     rows = {k: v.index_select(0, index) for k, v in stored.items()} if slots.size else {}

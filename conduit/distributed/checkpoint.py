@@ -55,7 +55,7 @@ from conduit.core import SamplerKind
 from conduit.errors import CheckpointError
 from conduit.executor import process_alive
 from conduit.placement.records import largest_remainder
-from conduit.snapshot import stored_in_order
+from conduit.snapshot import slots_in_order, stored_in_order
 from conduit.spec import ExperienceSpec
 
 #: the rank's :class:`~conduit.distributed.runtime.DistributedConduit` (not imported: it imports this module)
@@ -329,9 +329,7 @@ def _load_rows(edp: DistributedConduit, rows: dict[str, Any] | None) -> None:
     assert buf is not None
     first, n = buf.write([rows["merged"]])
     if rows["leaves"] is not None and edp.config.sampler is SamplerKind.PRIORITIZED:
-        ids = np.asarray(buf.ids)
-        slots = np.flatnonzero((ids >= first) & (ids < first + n))
-        slots = slots[np.argsort(ids[slots], kind="stable")]  # the merged rows' slots, in their order
+        slots = slots_in_order(np.asarray(buf.ids), first, n)  # the merged rows' slots, in their order
         buf.restore_priorities(slots, rows["leaves"], rows["max_priority"])
 
 

@@ -37,7 +37,7 @@ import torch
 
 import conduit
 from conduit import BatchInfo, Reader, SemanticsError, Writer
-from conduit.ext import NStepFolder, ReplayBuffer, stored_in_order
+from conduit.ext import NStepFolder, ReplayBuffer, slots_in_order, stored_in_order
 
 from .columnar import HostGatherStoragePolicy
 from .episodes import LEARNER_COLUMNS, Chunk, PreparedBatch, learner_dtype
@@ -194,9 +194,7 @@ class BoundedStore:
             return
         first, n = written
         leaves = np.asarray(restore["leaves"], dtype=np.float64)[drop:]
-        ids = np.asarray(buf.ids)
-        slots = np.flatnonzero((ids >= first) & (ids < first + min(n, len(leaves))))
-        slots = slots[np.argsort(ids[slots], kind="stable")]
+        slots = slots_in_order(np.asarray(buf.ids), first, min(n, len(leaves)))
         buf.restore_priorities(slots, leaves[: slots.size], float(restore["max_priority"]))
 
     # -- sample ---------------------------------------------------------------------------

@@ -61,6 +61,9 @@ from conduit.spec import ExperienceSpec, FieldSpec
 
 __all__ = ["BatchMemory", "DirectSampleMemory", "HandoffGuard", "Staging"]
 
+#: the integer dtype a block of a dtype numpy lacks is held as, by element width
+_SAME_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
 #: a field's full shape and dtype (a :class:`Staging` block)
 Shape = tuple[tuple[int, ...], torch.dtype]
 
@@ -85,11 +88,11 @@ def _numpy_has(dtype: torch.dtype) -> bool:
 class _Field:
     """One field's pool of ``nbytes`` blocks (at most ``keep``; free when nothing but the pool refers to one).
 
-    A block is a numpy array of the field's own dtype and shape where numpy has
-    the dtype, so handing it out is one ``torch.from_numpy``; otherwise (bfloat16,
-    float8, ...) raw bytes viewed as the field. The native array saves the two
-    views, which matters because a worker takes a block right after its gather
-    has evicted the caches, when every torch call is at its slowest.
+    A block is a numpy array of the field's shape, of its own dtype where numpy
+    has it, else (bfloat16, float8, ...) of the integer type of the same width,
+    so handing it out is one ``torch.from_numpy`` (plus a same-width dtype view):
+    a worker takes a block right after its gather has evicted the caches, when
+    every torch call is at its slowest.
     """
 
     def __init__(
@@ -101,17 +104,23 @@ class _Field:
         self.shape = (shape[1], shape[0], *shape[2:]) if swap else shape  # the block's own shape
         self.blocks: list[np.ndarray] = []
         self.native = _numpy_has(dtype)
+        # a dtype numpy lacks (bfloat16, float8, ...) is held as the integer type of its width
+        self.held = dtype if self.native else _SAME_WIDTH[torch.empty(0, dtype=dtype).element_size()]
 
     def new_block(self) -> np.ndarray:
         """Uninitialised memory for one batch of the field (torch's allocator: its 64-byte alignment)."""
-        if self.native:
-            return torch.empty(self.shape, dtype=self.dtype).numpy()
-        return torch.empty(self.nbytes, dtype=torch.uint8).numpy()
+        return torch.empty(self.shape, dtype=self.held).numpy()
 
     def tensor(self, block: np.ndarray) -> torch.Tensor:
-        """The field's tensor over ``block`` (torch keeps a reference to the block while any view lives)."""
-        t = torch.from_numpy(block) if self.native else torch.from_numpy(block).view(self.dtype).view(self.shape)
-        return t.transpose(0, 1) if self.swap else t
+        """The field's tensor over ``block`` (torch keeps a reference to the block while any view lives).
+
+        The layout is made on the numpy side and handed to one ``torch.from_numpy``: freeing the
+        result of a torch view op (``transpose``, ``view``, ``reshape``, ...) releases the GIL
+        (torch 2.x), and a batch freed on the learner's thread would then hand the interpreter to
+        the delivery worker in the middle of the learner's step.
+        """
+        t = torch.from_numpy(block.swapaxes(0, 1) if self.swap else block)
+        return t if self.native else t.view(self.dtype)  # same width: no shape change
 
     def free_block(self) -> np.ndarray | None:
         counts = _refcounts(self.blocks)

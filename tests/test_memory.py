@@ -289,3 +289,15 @@ def test_time_major_delivery_gives_the_same_batches_laid_out_time_major():
 
     for plain, tm in zip(batches(False), batches(True)):
         assert torch.equal(plain["obs"], tm["obs"]) and torch.equal(plain["a"], tm["a"])
+
+
+def test_recycled_tensors_are_not_made_by_torch_view_ops():
+    """Freeing the result of a torch view op (``transpose``, ``view``, ``reshape``) releases the GIL, and a
+    delivery worker waiting for it then runs its own Python in the middle of the learner's step; so a recycled
+    block is laid out on the numpy side (a time-major block, a dtype numpy lacks) and handed over by one
+    ``torch.from_numpy`` (a dtype view of the same width is not a view op): no tensor is an autograd view."""
+    spec = ExperienceSpec.of(obs=((4, 3), "float32"), h=((4,), "bfloat16"), x=((2,), "float32"))
+    for time_major in (False, True):
+        out = BatchMemory(time_major=time_major, min_bytes=0).take(spec, 5)
+        assert out is not None and set(out) == {"obs", "h", "x"}
+        assert not [k for k, t in out.items() if t._is_view()], time_major

@@ -171,17 +171,23 @@ class ConduitReplayBuffer:
         indices, ids = exp_in.info["indices"], exp_in.info["ids"]
         pinned = self.staging.pinned
         for start in range(0, rows, b):
-            part = {k: v[start : start + b] for k, v in data.items()}
+            # (one batch per invocation, the usual case: the gathered tensors themselves, not slices of them)
+            part = dict(data) if rows == b else {k: v[start : start + b] for k, v in data.items()}
+            # the [T, B, ...] blocks as numpy arrays and the [B, T, ...] rows over them, laid out on the numpy
+            # side: torch releases the GIL when it frees a view op's result (conduit.memory), and the trainer
+            # thread frees these while the delivery worker waits to gather the next batch
             if pinned:  # the trainer's prefetcher copies to its GPU from page-locked blocks
                 blocks = self.staging.take(
                     {k: ((v.shape[1], v.shape[0], *v.shape[2:]), v.dtype) for k, v in part.items()}
                 )
                 for k, v in part.items():
                     blocks[k].transpose(0, 1).copy_(v)
+                arrays = {k: blk.numpy() for k, blk in blocks.items()}
+                out = {k: torch.from_numpy(a.swapaxes(0, 1)) for k, a in arrays.items()}
             else:  # gathered time-major (Tuning.time_major): the blocks are the rows' own memory
-                blocks = {k: v.transpose(0, 1).contiguous() for k, v in part.items()}
-            out = {k: blk.transpose(0, 1) for k, blk in blocks.items()}
-            sample = self.layout.rebuild({k: blk.numpy() for k, blk in blocks.items()}, self.types.named_array)
+                arrays = {k: np.ascontiguousarray(v.numpy().swapaxes(0, 1)) for k, v in part.items()}
+                out = part
+            sample = self.layout.rebuild(arrays, self.types.named_array)
             reuses = entry = None
             if not self.prioritized:  # SRL counts a prioritized replay at its feedback, on the trainer thread
                 before = self._tally(indices[start : start + b], ids[start : start + b], True)
@@ -190,7 +196,7 @@ class ConduitReplayBuffer:
                 entry = self.types.replay_entry(
                     reuses_left=-1, receive_time=-1, sample=sample, reuses=reuses, sampling_indices=None
                 )
-            key = next(iter(blocks.values())).data_ptr()  # 0 for an empty block: no key, get() rebuilds
+            key = next(iter(out.values())).data_ptr()  # 0 for an empty block: no key, get() rebuilds
             # one-call dict operations (the trainer thread pops), and an extra eviction only costs a rebuild
             if key:
                 self._prepared[key] = (sample, reuses, entry)
@@ -273,9 +279,9 @@ class ConduitReplayBuffer:
         )
 
     def _out(self, name: str, v: torch.Tensor) -> Any:
-        tm = v.transpose(0, 1)  # the [T, B, ...] block (host) or a view of the device gather
-        if tm.device.type == "cpu":
-            return tm.numpy()
+        if v.device.type == "cpu":  # the [T, B, ...] block, as a numpy view (see _time_major)
+            return v.numpy().swapaxes(0, 1)
+        tm = v.transpose(0, 1)  # a view of the device gather
         if name in HOST_FIELDS:
             return tm.cpu().numpy()
         return tm.contiguous()

@@ -26,6 +26,7 @@ import pytest
 from conduit.integrations import srl
 from conduit.integrations.srl.install import ORIGINAL
 from conduit.integrations.srl.locate import types_of
+from conduit.integrations.srl.samples import flatten
 
 import conduit
 
@@ -628,3 +629,20 @@ def test_uniform_replay_gathers_the_next_batch_beside_the_update_and_per_on_a_cp
     assert "delivery[overlap" in str(uniform.edp.schedule)
     if not uniform.staging.pinned:
         assert "delivery[inline" in str(per.edp.schedule)
+
+
+def test_replay_batches_and_samples_are_laid_out_without_torch_view_ops(made):
+    """The trainer thread frees each batch right after the delivery worker was woken for the next: freeing a
+    torch view op's result (``transpose``) releases the GIL, which the worker then takes in the middle of the
+    trainer's step. So the delivery hook lays ``[T, B, ...]`` out on the numpy side: the batch the trainer's
+    ``get`` pulls holds no autograd view, and the sample's arrays are the same memory, time-major."""
+    buf = made("conduit_replay", max_size=8, batch_size=4, warmup_transitions=0, seed=1)
+    for i in range(8):
+        buf.put(sample(i))
+    buf.get()  # the delivery hook has staged the next batch meanwhile
+    batch = buf.edp.pull()
+    assert not [k for k, t in batch.items() if t._is_view()]
+    sample_, _, _ = buf._prepared[next(iter(batch.values())).data_ptr()]
+    obs = next(v for k, v in flatten(sample_) if k == "obs")
+    assert obs.flags.c_contiguous and obs.shape[:2] == (4, 4)  # [T, B, ...]
+    assert np.shares_memory(obs, batch["obs"].numpy())

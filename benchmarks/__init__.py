@@ -19,7 +19,7 @@ makes ``conduit bench ...`` find it, and ``python -m benchmarks ...`` runs the s
 - :mod:`~benchmarks.timing` — interleaved repeats, medians.
 - :mod:`~benchmarks.plot` — figures (matplotlib, from the ``bench`` extra).
 - :mod:`~benchmarks.distributed`, :mod:`~benchmarks.srl_buffer`, :mod:`~benchmarks.verl_trainers`,
-  ``verl_path.py`` — the sharded buffer across ranks, SRL's buffers, verl's trainers (``python -m ...``).
+  ``verl_path.py`` — the sharded buffer across ranks, SRL's buffers, verl's trainers and a model of its admission.
 
 Peers are optional (``pip install ".[bench]"`` in a clone of Conduit) and imported only
 when a benchmark asks for them; one that is missing is reported, not dropped.

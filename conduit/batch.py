@@ -17,7 +17,7 @@ import torch
 from conduit.core import Mode
 from conduit.errors import closest
 
-__all__ = ["Batch", "BatchInfo", "DrawnRows"]
+__all__ = ["Batch", "BatchInfo", "DrawnRows", "Sampled"]
 
 
 class DrawnRows:
@@ -182,6 +182,21 @@ class BatchInfo(NamedTuple):
 def _array(x: Any, dtype: type) -> np.ndarray:
     """A private numpy copy of an array or a host tensor."""
     return np.asarray(x.numpy() if isinstance(x, torch.Tensor) else x, dtype=dtype).copy()
+
+
+class Sampled(NamedTuple):
+    """One off-policy draw: gathered rows plus what the learner may need to know."""
+
+    data: dict[str, torch.Tensor]
+    rows: DrawnRows  # slots and the ids they held, as arrays when first read
+    weights: np.ndarray | None
+    version: int
+    leaves: np.ndarray | None = None  # prioritized: the drawn rows' p^alpha and the beta of their weights
+    beta: float | None = None
+
+    # the rows' slots and ids, read through ``rows`` as a batch's info reads them
+    indices = BatchInfo.indices
+    ids = BatchInfo.ids
 
 
 class Batch(Mapping[str, torch.Tensor]):

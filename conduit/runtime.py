@@ -43,8 +43,9 @@ import torch
 from conduit import build, checkpoint, snapshot
 from conduit.batch import Batch, BatchInfo
 from conduit.buffers.base import ExperienceBuffer
+from conduit.buffers.replay import ReplayBuffer
 from conduit.config import ConduitConfig
-from conduit.core import Policy, Schedule, is_feasible_mode
+from conduit.core import Policy, Schedule
 from conduit.errors import CheckpointError, ConduitError, ConfigError, RuntimeClosed, SemanticsError
 from conduit.executor import FailureBox
 from conduit.hooks import HookKind, HookRegistry
@@ -117,24 +118,6 @@ class Conduit:
         return self.registry.register(HookKind.DELIVERY, input, output)
 
     # -- construction of the paths ----------------------------------------------
-    def _check_schedule(self, schedule: Schedule) -> Schedule:
-        cfg = self.config
-        if not isinstance(schedule, Schedule):
-            raise TypeError(
-                f"schedule={schedule!r}: expected a conduit.Schedule (e.g. Schedule(Mode(False, 1), Mode(True, 2))); "
-                "to pin knobs from configuration use ConduitConfig(pinned={'delivery_overlap': True, ...})"
-            )
-        for path, mode, space in (
-            ("ingestion", schedule.ingestion, cfg.ingestion_space),
-            ("delivery", schedule.delivery, cfg.delivery_space),
-        ):
-            if not is_feasible_mode(cfg.policy, mode, space):
-                raise ConfigError(
-                    f"schedule: {path} mode ({mode}) is not feasible for {cfg.policy.value} "
-                    f"(granularities {[str(g) for g in space]}; on-policy admits only inline g=1 and overlapped 0<g<1)"
-                )
-        return schedule
-
     def start(self) -> Conduit:
         """Build the buffer and both paths (done lazily by the first push/pull)."""
         with self._start_lock:
@@ -295,6 +278,30 @@ class Conduit:
             priorities = priorities.detach().to("cpu", torch.float64).numpy()
         return self.buffer.update_priorities(info.indices, info.ids, np.asarray(priorities), beta=beta)
 
+    def set_beta(self, beta: float) -> None:
+        """Prioritized replay: the importance-sampling exponent of the draws from now on (a batch already
+        staged keeps the weights it was drawn with), for a framework that passes it at each sample (RLlib)."""
+        self._replay("set_beta").set_beta(beta)
+
+    def use_rng(self, rng: np.random.Generator) -> None:
+        """Draw with ``rng`` from now on (a framework that owns its buffer's generator: RLlib's is settable)."""
+        self._replay("use_rng").use_rng(rng)
+
+    def load_rows(self, rows: Data, *, leaves: np.ndarray | None = None, max_priority: float = 1.0) -> int:
+        """Fill this runtime's empty replay buffer with stored rows, oldest first, and their priorities: the
+        portable contents :func:`conduit.ext.stored_in_order` reads from a checkpoint, written back into a buffer
+        of another capacity or batch size, or into another shard. No ingestion hook runs (the rows are stored
+        ones); ``leaves`` are the oldest rows' priorities after ``** alpha`` (see :meth:`ReplayBuffer.load_rows`).
+        Returns the rows stored (the newest ``capacity`` of them)."""
+        return self._replay("load_rows").load_rows(rows, leaves, max_priority)
+
+    def _replay(self, what: str) -> ReplayBuffer:
+        self._ensure_started()
+        buf = self.buffer
+        if not isinstance(buf, ReplayBuffer):
+            raise ConfigError(f"{what} needs an off-policy runtime (a replay buffer); this one is {self.config.policy}")
+        return buf
+
     def reschedule(self, schedule: Schedule, *, timeout: float | None = None) -> None:
         """Switch both paths to ``schedule`` while running (what the planner does after profiling).
 
@@ -303,7 +310,7 @@ class Conduit:
         the same iteration (on-policy) and keep the mode they were made under;
         a learner waiting in a pull is served by the new mode.
         """
-        schedule = self._check_schedule(schedule)
+        schedule = build.checked_schedule(self.config, schedule)
         if not self._started:
             self.schedule = schedule
             return

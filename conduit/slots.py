@@ -28,6 +28,7 @@ __all__ = [
     "SlotTable",
     "UniformRemover",
     "make_remover",
+    "slots_in_order",
 ]
 
 
@@ -295,3 +296,11 @@ def make_remover(name: str) -> Remover:
     if name not in _REMOVERS:
         raise ValueError(f"remover={name!r}: expected one of {sorted(_REMOVERS)}")
     return _REMOVERS[name]()
+
+
+def slots_in_order(ids: np.ndarray, first: int = 0, n: int | None = None) -> np.ndarray:
+    """The slots of a slot table's ``ids`` holding transition ids ``[first, first + n)`` (every live one without
+    ``n``), in id order: oldest first, or the rows of one write in the order written."""
+    held = (ids >= first) if n is None else (ids >= first) & (ids < first + n)
+    slots = np.flatnonzero(held)
+    return slots[np.argsort(ids[slots], kind="stable")]

@@ -33,6 +33,7 @@ from conduit.core import Policy, Schedule, is_feasible_mode
 from conduit.errors import CheckpointError, ConduitError
 from conduit.paths.delivery import DeliveryPath
 from conduit.paths.ingestion import IngestionPath
+from conduit.slots import slots_in_order
 from conduit.spec import ExperienceSpec
 
 __all__ = [
@@ -179,14 +180,6 @@ def check(where: str | Path, manifest: Mapping[str, Any], state: Mapping[str, An
             )
         if not (isinstance(sampler, dict) and isinstance(sampler.get("kind"), str)):
             raise CheckpointError(f"{where}: buffer.pt names no sampler kind; {DAMAGED}")
-
-
-def slots_in_order(ids: np.ndarray, first: int = 0, n: int | None = None) -> np.ndarray:
-    """The slots of a slot table's ``ids`` holding transition ids ``[first, first + n)`` (every live one without
-    ``n``), in id order: oldest first, or the rows of one write in the order written."""
-    held = (ids >= first) if n is None else (ids >= first) & (ids < first + n)
-    slots = np.flatnonzero(held)
-    return slots[np.argsort(ids[slots], kind="stable")]
 
 
 class Stored(NamedTuple):

@@ -285,3 +285,64 @@ def test_stored_in_order_reads_a_state_back_as_the_running_buffer_holds_it(sampl
     empty = Conduit(policy="off_policy", train_batch_size=8, capacity=16)
     with empty:
         assert stored_in_order(empty.state_dict()["buffer"]).rows == {}
+
+
+def test_load_rows_writes_stored_rows_back_into_another_capacity_with_their_priorities():
+    """``Conduit.load_rows`` is ``stored_in_order``'s inverse (RLlib's bounded restore, a re-sharding restore):
+    the rows oldest first, the newest ``capacity`` kept, the oldest ones with the leaves they had and later
+    rows at the max priority, as new rows; a buffer that stored anything already refuses it."""
+    from conduit import Conduit, ConfigError
+
+    kw = dict(policy="off_policy", train_batch_size=8, sampler="prioritized", seed=0)
+    src = Conduit(capacity=48, **kw)
+    with src:
+        src.push(transitions(40))
+        src.flush()
+        slots = stored_in_order(src.state_dict()["buffer"]).slots
+        src.buffer.update_priorities(slots, src.buffer.ids[slots].copy(), np.linspace(0.5, 3.0, 40))
+        stored = stored_in_order(src.state_dict()["buffer"])
+    more = {k: v[30:40] for k, v in transitions(40, start=40).items()}  # rows added since: no leaves
+    rows = {k: torch.cat([stored.rows[k], more[k]]) for k in stored.rows}
+    dst = Conduit(capacity=32, **kw)
+    with dst:
+        assert dst.load_rows(rows, leaves=stored.leaves, max_priority=stored.max_priority) == 32
+        back = stored_in_order(dst.state_dict()["buffer"])
+        for k in rows:
+            assert torch.equal(back.rows[k], rows[k][-32:]), k
+        np.testing.assert_allclose(back.leaves[:22], stored.leaves[18:])  # the 22 old rows kept, as they were
+        alpha = dst.config.prioritized.alpha
+        np.testing.assert_allclose(back.leaves[22:], stored.max_priority**alpha)  # the 10 later ones, as new rows
+        assert back.max_priority == stored.max_priority
+        with pytest.raises(SemanticsError, match="fills an empty buffer"):
+            dst.load_rows(rows)
+    with Conduit(policy="on_policy", train_batch_size=8, rollout_unit_size=8) as on:
+        with pytest.raises(ConfigError, match="load_rows needs an off-policy runtime"):
+            on.load_rows(rows)
+
+
+def test_set_beta_and_use_rng_steer_the_next_draws():
+    """The sampling controls a framework owns (RLlib anneals beta at each sample and may set its buffer's
+    generator): the runtime's ``set_beta`` weighs the next draws with it, ``use_rng`` draws with the generator
+    given (the same generator state, the same rows); beta on a uniform buffer is refused."""
+    from conduit import Conduit, SchedulePin
+
+    def runtime(sampler: str) -> Conduit:
+        edp = Conduit(policy="off_policy", train_batch_size=8, capacity=64, sampler=sampler, seed=0,
+                      pinned=SchedulePin(delivery_overlap=False))
+        edp.push(transitions(32))
+        edp.flush()
+        return edp
+
+    with runtime("prioritized") as a, runtime("prioritized") as b:
+        a.buffer.update_priorities(np.arange(32), a.buffer.ids[:32].copy(), np.linspace(0.5, 3.0, 32))
+        a.set_beta(1.0)
+        leaves = a.buffer.sampler.leaf_values(np.arange(32))
+        w = (32 * leaves / leaves.sum()) ** -1.0
+        batch = a.pull()
+        np.testing.assert_allclose(batch.info.weights, (w / w.max())[batch.info.indices], rtol=1e-5)
+        a.use_rng(np.random.default_rng(7))
+        b.use_rng(np.random.default_rng(7))
+        b.buffer.update_priorities(np.arange(32), b.buffer.ids[:32].copy(), np.linspace(0.5, 3.0, 32))
+        assert a.pull().info.ids.tolist() == b.pull().info.ids.tolist()
+    with runtime("uniform") as u, pytest.raises(SemanticsError, match="set_beta needs sampler='prioritized'"):
+        u.set_beta(0.5)

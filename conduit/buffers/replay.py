@@ -25,12 +25,12 @@ when a staged batch is dropped unread (:meth:`ReplayBuffer.unreserve`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 
-from conduit.batch import BatchInfo, DrawnRows
+from conduit.batch import DrawnRows, Sampled
 from conduit.buffers.base import ANYWHERE, ExperienceBuffer, Ticket
 from conduit.buffers.budget import UseBudget
 from conduit.errors import CheckpointError, RateLimited, SemanticsError, SpecError
@@ -39,27 +39,12 @@ from conduit.memory import DirectSampleMemory
 from conduit.ratelimit import RateLimiter
 from conduit.samplers.base import Draw, Sampler
 from conduit.samplers.prioritized import checked_priorities
-from conduit.slots import FifoRemover, Remover, SlotTable
+from conduit.slots import FifoRemover, Remover, SlotTable, slots_in_order
 from conduit.spec import Data, ExperienceSpec, SpecHolder, rows_of
 from conduit.storage.base import Storage
 from conduit.storage.policy import StoragePolicy
 
 __all__ = ["ReplayBuffer", "Sampled"]
-
-
-class Sampled(NamedTuple):
-    """One off-policy draw: gathered rows plus what the learner may need to know."""
-
-    data: dict[str, torch.Tensor]
-    rows: DrawnRows  # slots and the ids they held, as arrays when first read
-    weights: np.ndarray | None
-    version: int
-    leaves: np.ndarray | None = None  # prioritized: the drawn rows' p^alpha and the beta of their weights
-    beta: float | None = None
-
-    # the rows' slots and ids, read through ``rows`` as a batch's info reads them
-    indices = BatchInfo.indices
-    ids = BatchInfo.ids
 
 
 class ReplayBuffer(ExperienceBuffer):
@@ -179,31 +164,58 @@ class ReplayBuffer(ExperienceBuffer):
         ingestion path checks identity-hook pushes before queuing them).
         """
         with self.lock:
-            checked = list(parts) if validated and self._specs.spec is not None else self.validate(parts)
-            if self.storage is None:
-                self._allocate(checked[0])
-            first = self.inserted
-            assert self._order is not None and self.storage is not None
-            self._order.before_write()
-            for tensors in checked:
-                self._maybe_grow(tensors)
-                n = rows_of(tensors)
-                table = self.table
-                if self._ring:
-                    slots = table.ring_slots(n) if self._sampler_tracks_inserts else None
-                    self.storage.write(table.pos, tensors)
-                    table.occupy_ring(n, self.inserted)
-                else:
-                    priorities = self.budget.remover_priorities() if self.budget else self.sampler.priorities()
-                    slots = table.allocate(n, self.remover, priorities, self.rng)
-                    self.storage.write_slots(slots, tensors)
-                    table.occupy(slots, self.inserted)
-                if slots is not None:
-                    self.sampler.on_insert(slots)
-                self.inserted += n
-            self._order.after_write()
+            written = self._write_locked(parts, validated)
         self._notify(self.on_data)
+        return written
+
+    def _write_locked(self, parts: Sequence[Data], validated: bool) -> tuple[int, int]:
+        """:meth:`write`'s storing (caller holds the lock; nobody is notified yet)."""
+        checked = list(parts) if validated and self._specs.spec is not None else self.validate(parts)
+        if self.storage is None:
+            self._allocate(checked[0])
+        first = self.inserted
+        assert self._order is not None and self.storage is not None
+        self._order.before_write()
+        for tensors in checked:
+            self._maybe_grow(tensors)
+            n = rows_of(tensors)
+            table = self.table
+            if self._ring:
+                slots = table.ring_slots(n) if self._sampler_tracks_inserts else None
+                self.storage.write(table.pos, tensors)
+                table.occupy_ring(n, self.inserted)
+            else:
+                priorities = self.budget.remover_priorities() if self.budget else self.sampler.priorities()
+                slots = table.allocate(n, self.remover, priorities, self.rng)
+                self.storage.write_slots(slots, tensors)
+                table.occupy(slots, self.inserted)
+            if slots is not None:
+                self.sampler.on_insert(slots)
+            self.inserted += n
+        self._order.after_write()
         return first, self.inserted - first
+
+    def load_rows(self, rows: Data, leaves: np.ndarray | None = None, max_priority: float = 1.0) -> int:
+        """Fill this empty buffer with ``rows``, oldest first (the newest ``capacity`` kept), the oldest
+        ``len(leaves)`` with these priority leaves (``p^alpha``: :func:`conduit.snapshot.stored_in_order`), the
+        rest at ``max_priority``, as new rows; in one hold of the lock (no draw sees rows without priorities)."""
+        n = rows_of(rows) if rows else 0
+        drop = max(0, n - self.capacity)
+        with self.lock:
+            if self.inserted:
+                raise SemanticsError(f"load_rows fills an empty buffer; this one has stored {self.inserted} rows")
+            if n == drop:
+                return 0
+            restore = leaves is not None and self.sampler.has_priorities
+            if restore:  # rows past the leaves enter at this max priority, as new rows do
+                self._priorities("load_rows").max_priority = float(max_priority)
+            first, written = self._write_locked([{k: v[drop:] for k, v in rows.items()}], False)
+            if restore:
+                kept = np.asarray(leaves, dtype=np.float64)[drop:]
+                slots = slots_in_order(np.asarray(self.ids), first, min(written, kept.size))
+                self._priorities("load_rows").set_leaf_values(slots, kept[: slots.size], float(max_priority))
+        self._notify(self.on_data)
+        return written
 
     def _allocate(self, example: Mapping[str, torch.Tensor]) -> None:
         if self._specs.spec is None:
@@ -388,33 +400,27 @@ class ReplayBuffer(ExperienceBuffer):
 
     def set_beta(self, beta: float) -> None:
         """Prioritized replay: the importance-sampling exponent of the next draws (annealed by the framework)."""
-        if not self.sampler.has_priorities:
-            raise SemanticsError("set_beta needs sampler='prioritized'")
         with self.lock:
-            self.sampler.beta = float(beta)  # type: ignore[attr-defined]
+            self._priorities("set_beta").beta = float(beta)
 
     def priorities_at(self, slots: np.ndarray) -> tuple[np.ndarray, float]:
         """Prioritized replay: the sampler's priorities of ``slots`` (after ``** alpha``) and its max priority."""
-        if not self.sampler.has_priorities:
-            raise SemanticsError("priorities_at needs sampler='prioritized'")
         with self.lock:
-            return self.sampler.leaf_values(slots), self.sampler.max_priority  # type: ignore[attr-defined]
+            s = self._priorities("priorities_at")
+            return s.leaf_values(slots), s.max_priority
 
     def priority_mass(self) -> tuple[float, float, float]:
         """Prioritized replay: the rows' total ``p^alpha``, its smallest term and the sampler's beta (what a draw
         over several buffers as one needs: :mod:`conduit.distributed`)."""
-        if not self.sampler.has_priorities:
-            raise SemanticsError("priority_mass needs sampler='prioritized'")
         with self.lock:
-            s = self.sampler
-            return float(s.tree.total), float(s.tree.min), float(s.beta)  # type: ignore[attr-defined]
+            s = self._priorities("priority_mass")
+            return float(s.tree.total), float(s.tree.min), float(s.beta)
 
-    def restore_priorities(self, slots: np.ndarray, values: np.ndarray, max_priority: float) -> None:
-        """Prioritized replay: set what :meth:`priorities_at` returned (of the same rows, now at ``slots``)."""
+    def _priorities(self, what: str) -> Any:
+        """The prioritized sampler (SemanticsError naming ``what`` for any other)."""
         if not self.sampler.has_priorities:
-            raise SemanticsError("restore_priorities needs sampler='prioritized'")
-        with self.lock:
-            self.sampler.set_leaf_values(slots, values, max_priority)  # type: ignore[attr-defined]
+            raise SemanticsError(f"{what} needs sampler='prioritized'")
+        return self.sampler
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self, *, rows: bool = True) -> dict[str, Any]:

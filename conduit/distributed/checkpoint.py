@@ -55,7 +55,7 @@ from conduit.core import SamplerKind
 from conduit.errors import CheckpointError
 from conduit.executor import process_alive
 from conduit.placement.records import largest_remainder
-from conduit.snapshot import slots_in_order, stored_in_order
+from conduit.snapshot import stored_in_order
 from conduit.spec import ExperienceSpec
 
 #: the rank's :class:`~conduit.distributed.runtime.DistributedConduit` (not imported: it imports this module)
@@ -324,13 +324,9 @@ def _load_rows(edp: DistributedConduit, rows: dict[str, Any] | None) -> None:
         edp.on_policy.load_rows(rows["merged"])
         return
     assert edp.shard is not None
-    edp.shard.start()
-    buf = edp.shard.buffer
-    assert buf is not None
-    first, n = buf.write([rows["merged"]])
-    if rows["leaves"] is not None and edp.config.sampler is SamplerKind.PRIORITIZED:
-        slots = slots_in_order(np.asarray(buf.ids), first, n)  # the merged rows' slots, in their order
-        buf.restore_priorities(slots, rows["leaves"], rows["max_priority"])
+    prioritized = rows["leaves"] is not None and edp.config.sampler is SamplerKind.PRIORITIZED
+    edp.shard.load_rows(rows["merged"], leaves=rows["leaves"] if prioritized else None,
+                        max_priority=rows["max_priority"])
 
 
 def _read_shard(edp: DistributedConduit, where: Path) -> tuple[dict[str, torch.Tensor], np.ndarray | None, float]:

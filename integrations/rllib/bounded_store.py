@@ -17,13 +17,12 @@ one write, so the first batch is never drawn from a nearly empty buffer.
 The buffer's state is RLlib-shaped: its rows oldest first and their priorities, read
 back from Conduit's own checkpoint (``Conduit.state_dict``) with
 :func:`conduit.ext.stored_in_order`, so a restore may change the capacity or the batch
-size; a restore writes them into a fresh ring before any draw.
+size; a restore loads them into the fresh runtime (``Conduit.load_rows``) before any draw.
 
 The core API used: ``Conduit`` (config, ``register_delivery``, ``start``, ``push``,
-``pull``, ``flush``, ``state_dict``, ``close``) and its ``ReplayBuffer`` (``lock``,
-``ids``, ``size``, ``update_priorities``, and five calls beside the runtime's face:
-``sample`` for a batch size the delivery path does not serve, ``set_beta``, ``use_rng``,
-and ``write`` / ``restore_priorities`` for a restore).
+``pull``, ``flush``, ``update_priorities``, ``set_beta``, ``use_rng``, ``load_rows``,
+``state_dict``, ``close``) and its ``ReplayBuffer``'s ``size`` and, beside the runtime's
+face, ``sample`` for a batch size the delivery path does not serve.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ import torch
 
 import conduit
 from conduit import BatchInfo, Reader, SemanticsError, Writer
-from conduit.ext import NStepFolder, ReplayBuffer, slots_in_order, stored_in_order
+from conduit.ext import NStepFolder, ReplayBuffer, stored_in_order
 
 from .columnar import HostGatherStoragePolicy
 from .episodes import LEARNER_COLUMNS, Chunk, PreparedBatch, learner_dtype
@@ -111,8 +110,7 @@ class BoundedStore:
     # -- the rng RLlib users set for reproducibility -------------------------------
     @property
     def rng(self) -> np.random.Generator:
-        buf = self._buffer()
-        return buf.rng if buf is not None else self._rng
+        return self._rng  # the runtime draws with this one (use_rng at start and at each set)
 
     def _buffer(self) -> ReplayBuffer | None:
         buf = self.edp.buffer if self.edp is not None else None
@@ -122,9 +120,8 @@ class BoundedStore:
     @rng.setter
     def rng(self, value: np.random.Generator) -> None:
         self._rng = value
-        buf = self._buffer()
-        if buf is not None:
-            buf.use_rng(value)
+        if self.edp is not None:
+            self.edp.use_rng(value)
 
     # -- add ------------------------------------------------------------------------
     def add(self, chunks: list[Chunk]) -> int:
@@ -176,26 +173,15 @@ class BoundedStore:
         edp.start()
         self.edp = edp
         self._beta = self.beta  # the new runtime's sampler starts at the configured exponent
-        buf = self._buffer()
-        assert buf is not None
-        with buf.lock:  # the delivery worker cannot draw before the restored priorities are in
-            buf.use_rng(self._rng)
-            if self.pending:
-                rows = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]}
-                drop = max(0, len(rows["rewards"]) - self.capacity)
-                rows = {k: v[drop:] for k, v in rows.items()}
-                self.pending = []
-                written = buf.write([rows]) if len(rows["rewards"]) else None
-                self._apply_restore(buf, written, drop)
-
-    def _apply_restore(self, buf: Any, written: tuple[int, int] | None, drop: int) -> None:
+        edp.use_rng(self._rng)
         restore, self.restore = self.restore, None
-        if restore is None or not self.prioritized or written is None:
-            return
-        first, n = written
-        leaves = np.asarray(restore["leaves"], dtype=np.float64)[drop:]
-        slots = slots_in_order(np.asarray(buf.ids), first, min(n, len(leaves)))
-        buf.restore_priorities(slots, leaves[: slots.size], float(restore["max_priority"]))
+        if self.pending:  # the warm-up's rows (a restore's first, with their priorities) in one write
+            rows = {k: np.concatenate([p[k] for p in self.pending]) for k in self.pending[0]}
+            self.pending = []
+            keep = restore is not None and self.prioritized
+            if len(rows["rewards"]):
+                edp.load_rows(rows, leaves=restore["leaves"] if keep else None,
+                              max_priority=float(restore["max_priority"]) if keep else 1.0)
 
     # -- sample ---------------------------------------------------------------------------
     def sample(self, batch_size: int, beta: float) -> tuple[PreparedBatch, Handle]:
@@ -205,7 +191,7 @@ class BoundedStore:
         buf = self._buffer()
         assert edp is not None and buf is not None
         if self.prioritized and beta != self._beta:
-            buf.set_beta(beta)  # applies from the next draw
+            edp.set_beta(beta)  # applies from the next draw
             self._beta = beta
         if batch_size == edp.config.train_batch_size and (buf.size >= batch_size or self._flushed_enough(batch_size)):
             batch = edp.pull(timeout=self.options.timeout_s)

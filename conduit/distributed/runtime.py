@@ -30,10 +30,9 @@ a rank's first push asks the group's store once which spec the group holds.
 **Bad input** raises ``SpecError`` at the push, on every rank and under every routing, changing
 nothing: checked as the core checks it, against the group's one spec (:mod:`conduit.distributed.admission`).
 
-**Sampling.** ``sampling="global"`` (the default) draws each learner's batch over
-all rows of all shards with one buffer's distribution (uniform over every row,
-or prioritized over the global priority mass, weights normalised by the global
-maximum: :mod:`conduit.distributed.sampling`); rows move in one
+**Sampling.** ``sampling="global"`` (the default) draws each learner's batch over all rows of all shards
+with one buffer's distribution (uniform over every row, or prioritized over the global priority mass,
+weights normalised by the global maximum: :mod:`conduit.distributed.sampling`); rows move in one
 ``all_to_all`` (:mod:`conduit.distributed.exchange`). ``sampling="local"``: each
 learner draws from its own shard only, no exchange and no collective in
 ``pull``. That changes the distribution: a row is drawn with probability
@@ -43,19 +42,17 @@ experience of the actors that feed its shard, and weights are normalised by the
 shard's own maximum. It equals global sampling only when shards are equally full
 and the actors are exchangeable.
 
-**Exactly once.** Every unit is counted where it is pushed and where a shard
-ingests it; :meth:`DistributedConduit.stats` adds them up over the group:
-``pushed == ingested + refused + in flight``, in flight being 0 after ``sync``.
+**Exactly once.** Every unit is counted where it is pushed and where a shard ingests it;
+:meth:`DistributedConduit.stats` adds them up: ``pushed == ingested + refused + in flight`` (0 after ``sync``).
 
 **Rate limit.** ``rate_limit`` keeps the group's samples per insert in the band one buffer would
 (:mod:`conduit.distributed.ratelimit`): pushes still join no collective, but wait for their rank's
 part of the room, which each sync shares out.
 
-**Faults.** Every collective is bounded by ``timeout_s``; a rank that died or
-stalled makes the others' next collective raise :class:`RankFailed` naming it,
-at most ``timeout_s`` plus the diagnosis window ``min(1 s, max(0.1 s, timeout_s / 4))``
-after that collective began (``group.failure_bound_s``: :mod:`conduit.distributed.group`),
-and every later call raises it again.
+**Faults.** Every collective is bounded by ``timeout_s``; a rank that died or stalled makes the others' next
+collective raise :class:`RankFailed` naming it, at most ``timeout_s`` plus the diagnosis window
+``min(1 s, max(0.1 s, timeout_s / 4))`` after that collective began (``group.failure_bound_s``:
+:mod:`conduit.distributed.group`), and every later call raises it again.
 """
 
 from __future__ import annotations
@@ -153,6 +150,7 @@ class DistributedConduit:
         self.group = RankGroup(cfg.timeout_s, group)
         self.rank, self.world = self.group.rank, self.group.world
         self.registry = registry or HookRegistry()
+        self._delivery_hook: list[HookOperator] | None = None  # made at the first batch ([]: none registered)
         self.spec_declared = spec
         devices = cfg.learner_devices
         device = torch.device(devices[self.rank] if len(devices) == self.world else devices[0])
@@ -388,10 +386,12 @@ class DistributedConduit:
 
     def deliver(self, data: dict[str, torch.Tensor], info: BatchInfo) -> dict[str, torch.Tensor]:
         """The registered delivery hook over the learner's whole batch, as a delivery path runs it
-        (:func:`conduit.paths.delivery.hooked`: the same operator, ``exp_in.info``, row check)."""
-        spec = self.registry.get(HookKind.DELIVERY)
-        hook = HookOperator("hook", spec.fn, EXPERIENCE_BUFFER, LEARNER) if spec is not None else None
-        return hooked(hook, data, info)
+        (:func:`conduit.paths.delivery.hooked`: the same operator, made once, when the hooks freeze)."""
+        if self._delivery_hook is None:
+            spec = self.registry.get(HookKind.DELIVERY)
+            self.registry.freeze("the group has delivered; register hooks before the first push/pull")
+            self._delivery_hook = [HookOperator("hook", spec.fn, EXPERIENCE_BUFFER, LEARNER)] if spec else []
+        return hooked(next(iter(self._delivery_hook), None), data, info)
 
     def minibatches(self, *, timeout: float | None = None) -> Iterator[Batch]:
         """On-policy, collective: this learner's part of every mini-batch of the iteration pushed so far."""

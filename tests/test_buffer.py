@@ -346,3 +346,21 @@ def test_set_beta_and_use_rng_steer_the_next_draws():
         assert a.pull().info.ids.tolist() == b.pull().info.ids.tolist()
     with runtime("uniform") as u, pytest.raises(SemanticsError, match="set_beta needs sampler='prioritized'"):
         u.set_beta(0.5)
+
+
+def test_a_refused_load_rows_changes_nothing_and_loaded_rows_count_as_inserts():
+    """Rows ``load_rows`` refuses (a spec mismatch) leave the sampler's max priority as it was; under a
+    samples-per-insert ratio, loaded rows count as inserts, so learners sample them as they would pushed rows."""
+    from conduit import Conduit, RateLimit
+
+    spec = ExperienceSpec.of(obs=((3,), "float32"), r=((), "float32"))
+    with Conduit(policy="off_policy", train_batch_size=4, capacity=16, sampler="prioritized", seed=0,
+                 spec=spec) as edp:
+        with pytest.raises(SpecError):
+            edp.load_rows({"obs": np.zeros((4, 3), np.float32), "r": np.zeros((4, 2), np.float32)},
+                          leaves=np.ones(4), max_priority=7.0)
+        assert edp.buffer.sampler.max_priority == 1.0 and edp.buffer.inserted == 0
+    with Conduit(policy="off_policy", train_batch_size=8, capacity=64, seed=0, timeout_s=10,
+                 rate_limit=RateLimit(samples_per_insert=1.0, tolerance=8)) as edp:
+        edp.load_rows({"x": np.arange(16, dtype=np.float32)[:, None]})
+        assert [len(edp.pull(timeout=5).info.rows) for _ in range(2)] == [8, 8]

@@ -206,10 +206,13 @@ class ReplayBuffer(ExperienceBuffer):
                 raise SemanticsError(f"load_rows fills an empty buffer; this one has stored {self.inserted} rows")
             if n == drop:
                 return 0
+            checked = self.validate([{k: v[drop:] for k, v in rows.items()}])  # refused: nothing changed
             restore = leaves is not None and self.sampler.has_priorities
             if restore:  # rows past the leaves enter at this max priority, as new rows do
                 self._priorities("load_rows").max_priority = float(max_priority)
-            first, written = self._write_locked([{k: v[drop:] for k, v in rows.items()}], False)
+            first, written = self._write_locked(checked, True)
+            if self.limiter.samples_per_insert is not None:  # stored rows count as inserts, as admitted pushes do
+                self.limiter.insert(written)
             if restore:
                 kept = np.asarray(leaves, dtype=np.float64)[drop:]
                 slots = slots_in_order(np.asarray(self.ids), first, min(written, kept.size))

@@ -388,8 +388,8 @@ class DistributedConduit:
         """The registered delivery hook over the learner's whole batch, as a delivery path runs it
         (:func:`conduit.paths.delivery.hooked`: the same operator, made once, when the hooks freeze)."""
         if self._delivery_hook is None:
-            spec = self.registry.get(HookKind.DELIVERY)
             self.registry.freeze("the group has delivered; register hooks before the first push/pull")
+            spec = self.registry.get(HookKind.DELIVERY)
             self._delivery_hook = [HookOperator("hook", spec.fn, EXPERIENCE_BUFFER, LEARNER)] if spec else []
         return hooked(next(iter(self._delivery_hook), None), data, info)
 

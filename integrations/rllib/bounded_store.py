@@ -120,7 +120,7 @@ class BoundedStore:
     @rng.setter
     def rng(self, value: np.random.Generator) -> None:
         self._rng = value
-        if self.edp is not None:
+        if self.edp is not None and not self.edp.closed:  # (a closed runtime draws no more; a restart takes it)
             self.edp.use_rng(value)
 
     # -- add ------------------------------------------------------------------------

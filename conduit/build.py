@@ -15,7 +15,7 @@ from conduit.buffers.base import ExperienceBuffer
 from conduit.buffers.iterations import IterationBuffer
 from conduit.buffers.replay import ReplayBuffer
 from conduit.config import ConduitConfig
-from conduit.core import Mode, Policy, SamplerKind, Schedule, is_feasible_mode
+from conduit.core import Mode, Policy, SamplerKind, Schedule
 from conduit.errors import ConfigError
 from conduit.executor import FailureBox
 from conduit.paths.delivery import DeliveryPath
@@ -145,13 +145,9 @@ def checked_schedule(cfg: ConduitConfig, schedule: Schedule) -> Schedule:
             f"schedule={schedule!r}: expected a conduit.Schedule (e.g. Schedule(Mode(False, 1), Mode(True, 2))); "
             "to pin knobs from configuration use ConduitConfig(pinned={'delivery_overlap': True, ...})"
         )
-    for path, mode, space in (
-        ("ingestion", schedule.ingestion, cfg.ingestion_space),
-        ("delivery", schedule.delivery, cfg.delivery_space),
-    ):
-        if not is_feasible_mode(cfg.policy, mode, space):
-            raise ConfigError(
-                f"schedule: {path} mode ({mode}) is not feasible for {cfg.policy.value} "
-                f"(granularities {[str(g) for g in space]}; on-policy admits only inline g=1 and overlapped 0<g<1)"
-            )
+    for path, mode, space in cfg.infeasible(schedule):
+        raise ConfigError(
+            f"schedule: {path} mode ({mode}) is not feasible for {cfg.policy.value} "
+            f"(granularities {[str(g) for g in space]}; on-policy admits only inline g=1 and overlapped 0<g<1)"
+        )
     return schedule

@@ -390,17 +390,19 @@ class ConduitConfig(_Config):
                     f"pinned.{path}_granularity={g}: not in the feasible space "
                     f"{[str(x) for x in space]} for {self.policy.value}"
                 )
-        chosen = self.default_schedule()
-        for path, mode, space in (
-            ("ingestion", chosen.ingestion, self.ingestion_space),
-            ("delivery", chosen.delivery, self.delivery_space),
-        ):
-            if not is_feasible_mode(self.policy, mode, space):
-                raise ValueError(
-                    f"pinned: the pinned {path} mode ({mode}) breaks {self.policy.value} semantics; "
-                    "on-policy admits only (overlap=False, g=1) and (overlap=True, 0<g<1), "
-                    "and 0<g<1 needs num_minibatches > 1"
-                )
+        for path, mode, _ in self.infeasible(self.default_schedule()):
+            raise ValueError(
+                f"pinned: the pinned {path} mode ({mode}) breaks {self.policy.value} semantics; "
+                "on-policy admits only (overlap=False, g=1) and (overlap=True, 0<g<1), "
+                "and 0<g<1 needs num_minibatches > 1"
+            )
+
+    def infeasible(self, schedule: Schedule) -> list[tuple[str, Mode, tuple[Fraction, ...]]]:
+        """Each path of ``schedule`` whose mode breaks this policy's semantics or leaves its feasible space:
+        (path, mode, the path's space)."""
+        paths = (("ingestion", schedule.ingestion, self.ingestion_space),
+                 ("delivery", schedule.delivery, self.delivery_space))
+        return [(p, m, space) for p, m, space in paths if not is_feasible_mode(self.policy, m, space)]
 
     # -- derived ------------------------------------------------------------
     @property

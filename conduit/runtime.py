@@ -299,7 +299,7 @@ class Conduit:
         self._ensure_started()
         buf = self.buffer
         if not isinstance(buf, ReplayBuffer):
-            raise ConfigError(f"{what} needs an off-policy runtime (a replay buffer); this one is {self.config.policy}")
+            raise ConfigError(f"{what} needs an off-policy runtime (a replay buffer), not {self.config.policy.value}")
         return buf
 
     def reschedule(self, schedule: Schedule, *, timeout: float | None = None) -> None:

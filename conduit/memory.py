@@ -86,7 +86,7 @@ def _numpy_has(dtype: torch.dtype) -> bool:
 
 
 class _Field:
-    """One field's pool of ``nbytes`` blocks (at most ``keep``; free when nothing but the pool refers to one).
+    """One field's pool of blocks, one batch each (at most ``keep``; free when nothing but the pool refers to one).
 
     A block is a numpy array of the field's shape, of its own dtype where numpy
     has it, else (bfloat16, float8, ...) of the integer type of the same width,
@@ -96,11 +96,11 @@ class _Field:
     """
 
     def __init__(
-        self, name: str, dtype: torch.dtype, shape: tuple[int, ...], nbytes: int, keep: int, swap: bool = False
+        self, name: str, dtype: torch.dtype, shape: tuple[int, ...], keep: int, swap: bool = False
     ) -> None:
         # ``swap``: the block is laid out with the first two axes exchanged (``[T, B, ...]`` for ``[B, T, ...]``
         # rows) and handed out as its transposed view
-        self.name, self.dtype, self.nbytes, self.keep, self.swap = name, dtype, nbytes, keep, swap
+        self.name, self.dtype, self.keep, self.swap = name, dtype, keep, swap
         self.shape = (shape[1], shape[0], *shape[2:]) if swap else shape  # the block's own shape
         self.blocks: list[np.ndarray] = []
         self.native = _numpy_has(dtype)
@@ -201,7 +201,7 @@ class BatchMemory:
                 if hit is None:
                     fields = [
                         _Field(
-                            f.name, f.dtype, (rows, *f.shape), rows * f.bytes_per_sample, self.keep,
+                            f.name, f.dtype, (rows, *f.shape), self.keep,
                             swap=self.time_major and len(f.shape) >= 1,
                         )
                         for f in spec

@@ -102,6 +102,7 @@ class ConduitReplayBuffer:
         self.edp: conduit.Conduit | None = None
         self.staging = Staging() if self.learner_device.type == "cpu" else None
         self._guard = HandoffGuard()
+        self._warm = False  # a pull can always be served (see _warmed)
         self._times = np.zeros(self.max_size, dtype=np.int64)  # replay count of the sample in each slot
         self._gens = np.full(self.max_size, -1, dtype=np.int64)  # the transition id those counts belong to
         self._handed: deque[BatchInfo] = deque(maxlen=64)
@@ -196,7 +197,7 @@ class ConduitReplayBuffer:
                 entry = self.types.replay_entry(
                     reuses_left=-1, receive_time=-1, sample=sample, reuses=reuses, sampling_indices=None
                 )
-            key = next(iter(out.values())).data_ptr()  # 0 for an empty block: no key, get() rebuilds
+            key = out[self.layout.numeric[0]].data_ptr()  # 0 for an empty block: no key, get() rebuilds
             # one-call dict operations (the trainer thread pops), and an extra eviction only costs a rebuild
             if key:
                 self._prepared[key] = (sample, reuses, entry)
@@ -255,13 +256,13 @@ class ConduitReplayBuffer:
     def get(self) -> Any:
         """The next batch as SRL's ``ReplayEntry`` (the trainer thread; raises ``queue.Empty`` while :meth:`empty`)."""
         edp, layout = self.edp, self.layout
-        if edp is None or layout is None or not edp.ready():
+        if edp is None or layout is None or not (self._warm or self._warmed(edp)):
             raise queue.Empty("the Conduit SRL buffer has not reached warmup_transitions yet")
         batch = edp.pull(timeout=self.timeout_s)
         info = batch.info
         sample = reuses = None
         if self.staging is not None:
-            sample, reuses, entry = self._prepared.pop(next(iter(batch.values())).data_ptr(), (None, None, None))
+            sample, reuses, entry = self._prepared.pop(batch[layout.numeric[0]].data_ptr(), (None, None, None))
             if self.staging.pinned:
                 self._guard.handed(list(batch.values()))
             if entry is not None:  # uniform replay: built by the delivery hook
@@ -277,6 +278,13 @@ class ConduitReplayBuffer:
         return self.types.replay_entry(
             reuses_left=-1, receive_time=-1, sample=sample, reuses=reuses, sampling_indices=indices
         )
+
+    def _warmed(self, edp: conduit.Conduit) -> bool:
+        """Whether a pull can be served now; once it can, without a rate limit it always can (a replay buffer's
+        rows never fall below the warmup), and ``get`` no longer asks."""
+        ready = edp.ready()
+        self._warm = ready and edp.config.rate_limit is None
+        return ready
 
     def _out(self, name: str, v: torch.Tensor) -> Any:
         if v.device.type == "cpu":  # the [T, B, ...] block, as a numpy view (see _time_major)

@@ -149,7 +149,7 @@ class ConduitQueueBuffer:
                 continue
             if len(present) < len(vals):  # SRL fills the samples missing a field with zeros of its shape
                 vals = [np.zeros_like(present[0]) if v is None else v for v in vals]
-            if all(is_numeric(v) for v in vals):
+            if _same_numeric(vals) or all(is_numeric(v) for v in vals):
                 numeric[k] = vals
             else:
                 leaves[k] = np.stack([np.asarray(v) for v in vals], axis=1)
@@ -203,6 +203,15 @@ class ConduitQueueBuffer:
             f"ConduitQueueBuffer(max_size={self.max_size}, reuses={self.reuses}, batch_size={self.batch_size}, "
             f"entries={len(self.queue)}, staging={'pinned' if self.staging.pinned else 'pageable'})"
         )
+
+
+def _same_numeric(vals: list[Any]) -> bool:
+    """Whether every value is a numeric numpy array of the first one's dtype (the common case, checked cheaply)."""
+    first = vals[0]
+    if type(first) is not np.ndarray or first.dtype.kind not in "biufc":
+        return False
+    d = first.dtype
+    return all(type(v) is np.ndarray and v.dtype == d for v in vals)
 
 
 def _time_major_shape(vals: list[Any]) -> tuple[tuple[int, ...], torch.dtype]:

@@ -18,6 +18,7 @@ A record is told from a leaf by its type, never by a ``shape`` attribute: SRL's
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,14 +88,27 @@ def conform(flat: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+#: whether a value of a type is a nested record (:func:`_nested`), by type: flatten runs per sample and per get
+_RECORD: dict[type, bool] = {}
+
+
 def flatten(sample: Any, prefix: str = "") -> list[tuple[str, Any]]:
     """``[(dotted name, leaf)]`` of a nested ``NamedArray`` (or mapping), in its own field order."""
     out: list[tuple[str, Any]] = []
-    for k, v in sample.items():
-        if v is None or type(v) is np.ndarray or not _nested(v):  # the common leaves first: this runs per sample
+    fields = getattr(sample, "_fields", None)
+    # an SRL NamedArray's items() are its ``_fields`` read by getattr, through two generators: read them directly
+    items = zip(fields, map(sample.__getattribute__, fields)) if type(fields) is tuple else sample.items()
+    for k, v in items:
+        if v is None or type(v) is np.ndarray:  # the common leaves first
             out.append((prefix + k if prefix else k, v))
-        else:
+            continue
+        record = _RECORD.get(type(v))
+        if record is None:
+            record = _RECORD[type(v)] = _nested(v)
+        if record:
             out += flatten(v, f"{prefix}{k}.")
+        else:
+            out.append((prefix + k if prefix else k, v))
     return out
 
 
@@ -156,9 +170,9 @@ class Layout:
         shapes = {k: (tuple(v.shape), v.dtype) for k, v in pairs if k not in none and k not in other}
         return cls(tuple(k for k, _ in pairs), none, other, lengths.pop(), shapes)
 
-    @property
+    @functools.cached_property
     def numeric(self) -> tuple[str, ...]:
-        """The leaves Conduit stores, in order."""
+        """The leaves Conduit stores, in order (read at every put and get: worked out once)."""
         return tuple(k for k in self.names if k not in self.none and k not in self.other)
 
     def leaves(self, sample: Any) -> dict[str, Any]:

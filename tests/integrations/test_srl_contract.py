@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -496,6 +497,29 @@ def _assert_nested_batch(s, named_t, t, b):
     assert s.analyzed_result.ret is None and s.policy_state is None
     assert s.analyzed_result.value.shape == (t, b, 1) and s.length(0) == t and s.length(1) == b
     assert isinstance(s.shape, dict)  # a record with a shape, as SRL's is
+
+
+def test_flatten_reads_every_kind_of_record_in_its_own_order(module):
+    """flatten reads a NamedArray's fields directly (its ``_fields``): the same pairs as its own ``items()``, nested
+    records by dotted name; a mapping, or a record whose ``_fields`` is no tuple, through ``items()``."""
+
+    def by_items(x, prefix=""):
+        out = []
+        for k, v in x.items():
+            nested = v is not None and not isinstance(v, np.ndarray) and callable(getattr(v, "items", None))
+            out += by_items(v, f"{prefix}{k}.") if nested else [(prefix + k, v)]
+        return out
+
+    record = _as_record(module, stub.actor_sample(3))
+    assert [(k, id(v)) for k, v in flatten(record)] == [(k, id(v)) for k, v in by_items(record)]
+    assert [k for k, _ in flatten(record)][:2] == ["action.x", "analyzed_result.log_probs"]  # SRL sorts its fields
+    mapping = {"b": np.zeros(2), "a": {"y": None, "x": np.ones(1)}}
+    assert [k for k, _ in flatten(mapping)] == ["b", "a.y", "a.x"]
+
+    class Listed(dict):
+        _fields: ClassVar[list[str]] = ["not", "a", "tuple"]
+
+    assert [k for k, _ in flatten(Listed(z=np.zeros(1)))] == ["z"]
 
 
 def test_queue_takes_nested_actor_samples_and_returns_the_nested_record(made, module):

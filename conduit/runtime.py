@@ -182,12 +182,15 @@ class Conduit:
         for obs in self.observers:
             obs.on_push(data, t0, t1)
 
-    def pull(self, learner: int = 0, *, timeout: float | None = None) -> Batch:
-        """The next training-ready batch for data-parallel learner ``learner``."""
+    def pull(self, learner: int = 0, *, timeout: float | None = None, rows: int | None = None) -> Batch:
+        """The next training-ready batch for data-parallel learner ``learner``; off-policy, ``rows``: one batch of
+        that many rows instead of ``train_batch_size``, drawn now on this thread (staged batches keep their turn)."""
         if not self._started:  # _ensure_started's first half: delivery.pull checks for failures itself
             self.start()
         delivery = self.delivery
         assert delivery is not None
+        if rows is not None and rows != self.config.train_batch_size:
+            return delivery.pull_rows(learner, rows, timeout)
         if not self.observers:
             return delivery.pull(learner, timeout)
         t0 = time.perf_counter()

@@ -295,9 +295,8 @@ def test_the_code_cites_the_projects_own_design_page_and_its_sections_exist():
 #: the runtime's one face to a buffer (``push``/``flush``/``pull``/``minibatches`` are the runtime's own)
 BUFFER_FACE = {"update_priorities", "state_dict", "load_state_dict"}
 #: the buffer's side doors still called from outside the runtime, each to close (issue "one data plane", item 2):
-#: a batch size RLlib asks for that the delivery path does not serve, and the sharded buffer's global draw
+#: the sharded buffer's global draw
 BUFFER_SIDE_DOORS = {
-    ("integrations/rllib/bounded_store.py", "sample"),
     ("conduit/distributed/replay.py", "priority_mass"), ("conduit/distributed/replay.py", "sample"),
 }
 

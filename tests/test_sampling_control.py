@@ -181,3 +181,56 @@ def test_sampling_controls_are_validated():
         ConduitConfig(policy="off_policy", train_batch_size=4, capacity=8, rate_limit=dict(samples_per_insert=1, tolerance=2))
     with pytest.raises(ConfigError, match="max_times_sampled"):
         ConduitConfig(policy="on_policy", train_batch_size=8, max_times_sampled=1)
+
+
+# -- pull(rows=n): a batch of another size than train_batch_size ------------------------------------------------------
+def test_a_pull_of_other_rows_takes_the_next_pull_index_and_staged_batches_keep_their_turn():
+    seen = []
+    edp = runtime(capacity=64, pinned=Schedule(Mode(False, 1), Mode(True, 1)))
+
+    @edp.register_delivery(input="ExperienceBuffer", output="Learner")
+    def hook(exp_in, learn_out):  # the delivery hook runs on it as on any batch
+        data = exp_in.read()
+        seen.append(int(data["tid"].shape[0]))
+        learn_out.write(data)
+
+    with edp:
+        edp.push(transitions(32))
+        first = edp.pull()
+        deadline = time.monotonic() + 2.0
+        while not edp.delivery.staged[0] and time.monotonic() < deadline:  # the worker stages the next batch
+            time.sleep(0.005)
+        odd = edp.pull(rows=7)
+        after = edp.pull()
+        assert [b["tid"].shape[0] for b in (first, odd, after)] == [4, 7, 4]
+        assert [b.info.pull_index for b in (first, odd, after)] == [0, 1, 2]
+        assert odd.info.mode == Mode(False, "7/4") and len(odd.info.ids) == 7
+        assert after.info.sampled_at_pull == 1 and after.info.mode.overlap  # drawn before the odd pull, kept
+        assert 7 in seen and edp.stats().delivered_rows == 15
+        assert edp.pull(rows=4).info.mode.overlap  # the configured size is a normal pull
+
+
+def test_a_pull_of_other_rows_is_gated_and_counted_like_any_pull():
+    with runtime(capacity=64, min_size_to_sample=8, timeout_s=0.2, max_times_sampled=1) as edp:
+        edp.push(transitions(6))
+        with pytest.raises(ConduitTimeout, match="min_size_to_sample"):
+            edp.pull(rows=3)  # six rows: sampling starts at eight
+        edp.push(transitions(10, start=6))
+        got = [set(edp.pull(rows=n)["tid"].tolist()) for n in (5, 3)]  # 16 rows, then 11 left: both served
+        assert len(got[0]) == 5 and len(got[1]) == 3 and not got[0] & got[1]  # each row used at most once
+        assert edp.buffer.evicted_by_sampling == 8 and edp.delivery.limiter.samples == 8
+        with pytest.raises(ValueError, match="at least one row"):
+            edp.pull(rows=0)
+    with runtime(rate_limit=dict(samples_per_insert=1.0, tolerance=4, block=False), min_size_to_sample=4) as edp:
+        edp.push(transitions(8))
+        edp.pull(rows=8)  # eight sampled for eight inserted: the band's bottom
+        with pytest.raises(RateLimited, match="sample/insert ratio"):
+            edp.pull(rows=3)
+
+
+def test_on_policy_refuses_a_pull_of_other_rows():
+    from conduit.errors import SemanticsError
+
+    edp = Conduit(policy="on_policy", train_batch_size=8, rollout_unit_size=8, num_minibatches=2, seed=0)
+    with edp, pytest.raises(SemanticsError, match="replay buffer"):
+        edp.pull(rows=3)

@@ -37,7 +37,7 @@ import torch
 from conduit.batch import Batch, BatchInfo
 from conduit.buffers.base import ExperienceBuffer
 from conduit.core import Mode
-from conduit.errors import ConduitError, ConduitTimeout
+from conduit.errors import ConduitError, ConduitTimeout, SemanticsError
 from conduit.executor import POLL_S, FailureBox, StreamSet, fail, handoff
 from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, Reader, Writer
 from conduit.memory import BatchMemory
@@ -281,6 +281,10 @@ class DeliveryPath(DataPath):
             if batch is not None:
                 self.stats.pull_s += time.perf_counter() - t0
                 return batch
+
+    def pull_rows(self, learner: int, rows: int, timeout: float | None = None) -> Batch:
+        """One batch of ``rows`` rows instead of the configured size: off-policy replay's (:mod:`.replay`)."""
+        raise SemanticsError("pull(rows=...) draws from a replay buffer; on-policy mini-batches are the plan's")
 
     def _pull_inline(self, learner: int, deadline: tuple[float, float]) -> Batch | None:
         """Inline: a leftover staged batch, else an invocation in this thread; None if the mode switched."""

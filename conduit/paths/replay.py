@@ -10,14 +10,17 @@ reaches its learner or gives it back when a staged batch is dropped.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import torch
 
-from conduit.batch import BatchInfo
+from conduit.batch import Batch, BatchInfo
 from conduit.buffers.replay import ReplayBuffer, Sampled
+from conduit.core import Mode
 from conduit.errors import RateLimited
 from conduit.paths.delivery import Claim, DeliveryPath, Place, Staged
 
@@ -82,25 +85,68 @@ class ReplayDelivery(DeliveryPath):
         return self.limiter.min_size
 
     # -- what an invocation is ------------------------------------------------------------
-    def _ready(self, learner: int) -> bool:
+    def _ready(self, learner: int, rows: int = 0) -> bool:
         table = self.buffer.table  # ReplayBuffer.can_sample, one call shorter on every pull
-        rows = self.g_units * self.batch_size
+        rows = rows or self.g_units * self.batch_size
         if not self.limiter.can_sample(rows, table.count):
             return False
         return not self._budgeted or table.sampleable - self._promised >= rows
 
-    def _begin(self, learner: int, sampled_at_pull: int, handed: bool) -> ReplayClaim:
-        g, n = self.g_units, self.batch_size
+    def _begin(self, learner: int, sampled_at_pull: int, handed: bool, rows: int = 0) -> ReplayClaim:
+        g, n, mode = self.g_units, self.batch_size, self.mode
+        if rows:  # one batch of ``rows`` rows, drawn inline (pull_rows): its granularity says its size
+            g, n, mode = 1, rows, Mode(False, Fraction(rows, self.batch_size))
         reserved = (g - 1) * n if handed else g * n  # a batch handed at once is counted when it is (_counted)
         if reserved:
             self.limiter.reserve(reserved)
         invocation = self._invocation
         self._invocation = invocation + 1
-        claim = ReplayClaim(learner, sampled_at_pull, self.mode, (n,) * g, reserved, invocation=invocation)
+        claim = ReplayClaim(learner, sampled_at_pull, mode, (n,) * g, reserved, invocation=invocation)
         if self._budgeted:
             claim.promised = g * n
             self._promised += g * n
         return claim
+
+    def pull_rows(self, learner: int, rows: int, timeout: float | None = None) -> Batch:
+        """One batch of ``rows`` rows, not the configured batch size (a framework whose ``sample`` takes any size).
+
+        Drawn now, on the caller's thread, by the same sampler, hook and accounting as
+        any pull, and gated like one (``min_size_to_sample``, the rate limiter); it takes
+        the learner's next pull index, and batches already staged keep their turn.
+        """
+        if rows < 1:
+            raise ValueError(f"rows={rows}: a batch holds at least one row")
+        t0 = time.perf_counter()
+        self.failure.check()
+        if not 0 <= learner < self.num_learners:
+            raise ValueError(f"learner={learner}: expected a rank in [0, {self.num_learners})")
+        limit = self.timeout if timeout is None else timeout
+        deadline = (t0 + limit, limit)
+        lock = self._invoke_locks[learner]
+        while True:
+            if not lock.acquire(True, max(0.0, deadline[0] - time.perf_counter())):  # a checkpoint, an inline pull
+                raise self._held_up(limit, f"a pull of {rows} rows for learner {learner}")
+            try:
+                with self._lock:
+                    claim = index = None
+                    if self._ready(learner, rows):
+                        index = self.pulls[learner]
+                        claim = self._begin(learner, index + len(self.staged[learner]), True, rows)
+                        self.pulls[learner] = index + 1
+                        self.stats.invocations += 1
+                        self.stats.pulls += 1
+                        self.stats.delivered_rows += rows
+                if claim is not None:  # not _deliver: the learner's busy flag is the worker's, untouched here
+                    batch = Batch(self._invoke(claim)[0], self._info(claim, 0, index, self.buffer.inserted))
+                    self._counted(learner, batch.info, rows, False)
+                    self.stats.pull_s += time.perf_counter() - t0
+                    return batch
+            finally:
+                lock.release()
+            with self._lock:  # wait for rows without the invocation lock (a checkpoint may need it)
+                if not self._ready(learner, rows):
+                    self._refuse(learner)
+                    self._wait(learner, deadline, lambda: self._ready(learner, rows))
 
     def _drew(self, claim: ReplayClaim) -> None:
         """The claim's draw reserved its rows in the buffer: its promise is kept."""

@@ -21,8 +21,8 @@ size; a restore loads them into the fresh runtime (``Conduit.load_rows``) before
 
 The core API used: ``Conduit`` (config, ``register_delivery``, ``start``, ``push``,
 ``pull``, ``flush``, ``update_priorities``, ``set_beta``, ``use_rng``, ``load_rows``,
-``state_dict``, ``close``) and its ``ReplayBuffer``'s ``size`` and, beside the runtime's
-face, ``sample`` for a batch size the delivery path does not serve.
+``state_dict``, ``close``) and its ``ReplayBuffer``'s ``size``; a ``sample()`` of another batch size than
+the first is ``pull(rows=...)``.
 """
 
 from __future__ import annotations
@@ -158,6 +158,7 @@ class BoundedStore:
             sampler="prioritized" if self.prioritized else "uniform",
             prioritized=conduit.PrioritizedReplay(alpha=self.alpha, beta=self.beta),
             learner_device=o.learner_device, storage_device=o.storage_device, max_staleness=o.max_staleness,
+            min_size_to_sample=1,  # as RLlib's buffer: a sample() from any rows there are (warm-up is RLlib's)
             pinned=conduit.SchedulePin(delivery_overlap=o.prefetch), seed=o.seed, timeout_s=o.timeout_s,
         )
         host_only = o.storage_device in (None, "cpu") and o.learner_device == "cpu"
@@ -193,24 +194,13 @@ class BoundedStore:
         if self.prioritized and beta != self._beta:
             edp.set_beta(beta)  # applies from the next draw
             self._beta = beta
-        if batch_size == edp.config.train_batch_size and (buf.size >= batch_size or self._flushed_enough(batch_size)):
-            batch = edp.pull(timeout=self.options.timeout_s)
-            return self._from_pull(batch.to_dict(), batch.info)
-        # a different batch size than the delivery path serves, or too few rows yet: draw inline
-        edp.flush()
         if buf.size == 0:
-            raise SemanticsError("cannot sample from an empty replay buffer: add episodes first")
-        drawn = buf.sample(batch_size)
-        cols = learner_columns(drawn.data, drawn.weights, self.folder.n)
-        device = torch.device(edp.config.learner_devices[0])
-        cols = {k: v.to(device) for k, v in cols.items()}
-        return _prepared(cols), Handle(drawn.indices, drawn.ids, prefetched=False)
-
-    def _flushed_enough(self, batch_size: int) -> bool:
-        buf = self._buffer()
-        assert self.edp is not None and buf is not None
-        self.edp.flush()
-        return buf.size >= batch_size
+            edp.flush()  # rows may still be on their way in
+            if buf.size == 0:
+                raise SemanticsError("cannot sample from an empty replay buffer: add episodes first")
+        # another batch size than the first sample()'s: one batch of that size, drawn now (staged ones keep their turn)
+        batch = edp.pull(timeout=self.options.timeout_s, rows=batch_size)
+        return self._from_pull(batch.to_dict(), batch.info)
 
     def _from_pull(self, cols: dict[str, torch.Tensor], info: BatchInfo) -> tuple[PreparedBatch, Handle]:
         handle = Handle(info.indices, info.ids, info.mode.overlap, info.staleness, max(0, info.version_lag))

@@ -267,12 +267,7 @@ class DeliveryPath(DataPath):
 
         A pull waiting under one mode is handed to the other when the mode switches.
         """
-        t0 = time.perf_counter()
-        self.failure.check()
-        if not 0 <= learner < self.num_learners:
-            raise ValueError(f"learner={learner}: expected a rank in [0, {self.num_learners})")
-        limit = self.timeout if timeout is None else timeout
-        deadline = (t0 + limit, limit)
+        t0, deadline = self._deadline(learner, timeout)
         while True:
             if self.mode.overlap:
                 batch = self._pull_staged(learner, deadline)
@@ -282,8 +277,16 @@ class DeliveryPath(DataPath):
                 self.stats.pull_s += time.perf_counter() - t0
                 return batch
 
-    def pull_rows(self, learner: int, rows: int, timeout: float | None = None) -> Batch:
-        """One batch of ``rows`` rows instead of the configured size: off-policy replay's (:mod:`.replay`)."""
+    def _deadline(self, learner: int, timeout: float | None) -> tuple[float, tuple[float, float]]:
+        """A pull's start, and its deadline (when, and the timeout it came from); checks the learner and failures."""
+        t0 = time.perf_counter()
+        self.failure.check()
+        if not 0 <= learner < self.num_learners:
+            raise ValueError(f"learner={learner}: expected a rank in [0, {self.num_learners})")
+        limit = self.timeout if timeout is None else timeout
+        return t0, (t0 + limit, limit)
+
+    def pull_rows(self, learner: int, rows: int, timeout: float | None = None) -> Batch:  # replay's: .replay
         raise SemanticsError("pull(rows=...) draws from a replay buffer; on-policy mini-batches are the plan's")
 
     def _pull_inline(self, learner: int, deadline: tuple[float, float]) -> Batch | None:

@@ -116,16 +116,11 @@ class ReplayDelivery(DeliveryPath):
         """
         if rows < 1:
             raise ValueError(f"rows={rows}: a batch holds at least one row")
-        t0 = time.perf_counter()
-        self.failure.check()
-        if not 0 <= learner < self.num_learners:
-            raise ValueError(f"learner={learner}: expected a rank in [0, {self.num_learners})")
-        limit = self.timeout if timeout is None else timeout
-        deadline = (t0 + limit, limit)
+        t0, deadline = self._deadline(learner, timeout)
         lock = self._invoke_locks[learner]
         while True:
             if not lock.acquire(True, max(0.0, deadline[0] - time.perf_counter())):  # a checkpoint, an inline pull
-                raise self._held_up(limit, f"a pull of {rows} rows for learner {learner}")
+                raise self._held_up(deadline[1], f"a pull of {rows} rows for learner {learner}")
             try:
                 with self._lock:
                     claim = index = None

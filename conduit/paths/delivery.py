@@ -119,9 +119,9 @@ class DeliveryPath(DataPath):
         """Whether an invocation for ``learner`` can run now (caller holds cond)."""
 
     @abstractmethod
-    def _begin(self, learner: int, sampled_at_pull: int, handed: bool) -> Claim:
+    def _begin(self, learner: int, sampled_at_pull: int, handed: bool, rows: int = 0) -> Claim:
         """Claim the next invocation's rows for ``learner`` (caller holds cond); ``handed``: its first batch goes
-        to the caller at once (an inline pull), the rest are staged."""
+        to the caller at once (an inline pull), the rest are staged; ``rows``: one batch of that size (replay)."""
 
     @abstractmethod
     def _gather(self, claim: Claim) -> list[dict[str, torch.Tensor]]:
@@ -165,11 +165,11 @@ class DeliveryPath(DataPath):
         )
 
     # -- invocations ------------------------------------------------------------------
-    def _claim(self, learner: int, handed: bool) -> tuple[Claim, int]:
+    def _claim(self, learner: int, handed: bool, rows: int = 0) -> tuple[Claim, int]:
         """Claim an invocation (caller holds cond); with ``handed``, its first batch counts as pulled now."""
         staged = self.staged[learner]
         index = self.pulls[learner]
-        claim = self._begin(learner, index + len(staged), handed)
+        claim = self._begin(learner, index + len(staged), handed, rows)
         stats = self.stats
         stats.invocations += 1
         if handed:

@@ -64,7 +64,7 @@ class MinibatchDelivery(DeliveryPath):
             it = buffer.iterations.get(iteration)
             return it is not None and pos < it.early  # released early: its rows are all stored
 
-    def _begin(self, learner: int, sampled_at_pull: int, handed: bool) -> MinibatchClaim:
+    def _begin(self, learner: int, sampled_at_pull: int, handed: bool, rows: int = 0) -> MinibatchClaim:
         iteration, pos = self.cursor[learner]
         m = self.buffer.num_minibatches
         count = m - pos % m if self.mode.granularity >= 1 else 1  # g=1: the rest of this epoch

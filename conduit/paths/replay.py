@@ -123,14 +123,7 @@ class ReplayDelivery(DeliveryPath):
                 raise self._held_up(deadline[1], f"a pull of {rows} rows for learner {learner}")
             try:
                 with self._lock:
-                    claim = index = None
-                    if self._ready(learner, rows):
-                        index = self.pulls[learner]
-                        claim = self._begin(learner, index + len(self.staged[learner]), True, rows)
-                        self.pulls[learner] = index + 1
-                        self.stats.invocations += 1
-                        self.stats.pulls += 1
-                        self.stats.delivered_rows += rows
+                    claim, index = self._claim(learner, True, rows) if self._ready(learner, rows) else (None, -1)
                 if claim is not None:  # not _deliver: the learner's busy flag is the worker's, untouched here
                     batch = Batch(self._invoke(claim)[0], self._info(claim, 0, index, self.buffer.inserted))
                     self._counted(learner, batch.info, rows, False)

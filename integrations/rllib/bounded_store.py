@@ -198,7 +198,7 @@ class BoundedStore:
             edp.flush()  # rows may still be on their way in
             if buf.size == 0:
                 raise SemanticsError("cannot sample from an empty replay buffer: add episodes first")
-        # another batch size than the first sample()'s: one batch of that size, drawn now (staged ones keep their turn)
+        # the first sample()'s batch size is the runtime's pull; another is one batch of that size, drawn now
         batch = edp.pull(timeout=self.options.timeout_s, rows=batch_size)
         return self._from_pull(batch.to_dict(), batch.info)
 

@@ -7,7 +7,7 @@ RLlib-style central buffer vs local sampling, side by side in one run.
   one process): one exchange draws four batches per learner, each its own draw, at most four pulls stale.
 - **global, planned** — the same, ``plan="auto"``: the ranks measure every delivery mode (inline or
   overlapped on the collective lane, ``g`` in 1, 2, 4) on this loop and keep the one that beats inline
-  ``g = 1`` by more than the noise (:mod:`conduit.scheduling.group`); the windows start after that
+  ``g = 1`` by more than the noise (:mod:`conduit.scheduling.planner`); the windows start after that
   decision, and the table says what it kept.
 - with ``--train``, learners that train (an SGD step of a small MLP on every batch) rather than only read
   their batch, inline ``g = 1`` against overlapped ``g = 1`` and planned: what overlap hides when there is

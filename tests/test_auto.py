@@ -12,7 +12,8 @@ from conduit.core import INLINE, Mode, Schedule, feasible_schedules, is_feasible
 from conduit.scheduling.auto import AutoPlanner, Phase
 from conduit.scheduling.fit import settle, shortlist
 from conduit.scheduling.model import rank
-from conduit.scheduling.noise import beats
+from conduit.scheduling.noise import Spread, beats
+from conduit.scheduling.planner import spreads_of
 from conduit.scheduling.workload import Burner, CostKind
 from tests.helpers import transitions
 
@@ -110,30 +111,35 @@ def test_on_policy_planner_only_ever_runs_feasible_modes():
 def test_a_probe_lasts_whole_periods_of_the_probed_schedule():
     edp = Conduit(policy="off_policy", train_batch_size=8, capacity=4096, min_size_to_sample=8, g_max=3, seed=0)
     planner = AutoPlanner(edp, observe=4, probe=4, window=1000)
-    edp.reschedule(Schedule(Mode(False, Fraction(2)), Mode(False, Fraction(3))))  # bursts repeat every 6 iterations
-    done = []
-    for n in range(1, 16):
-        planner._probe_times = [0.010] * n
-        done.append(planner._probe_done())
-    assert [n for n, d in zip(range(1, 16), done) if d] == [8, 14]  # 2 skipped + 6, + 12
-    # two skipped iterations, then a burst every third
-    planner._probe_times = [0.5, 0.5, 0.010, 0.010, 0.016, 0.010, 0.010, 0.016]
-    assert planner._probe_time() == pytest.approx(0.012)  # the mean over the period, not the median 0.010
+    bursty = Schedule(Mode(False, Fraction(2)), Mode(False, Fraction(3)))  # bursts repeat every 6 iterations
+    live = planner.prober([bursty, INLINE])
+    assert live.length(bursty) == 6 and live.length(INLINE) == 1
+    assert live.skip(bursty) + live.windows_of(bursty) * live.length(bursty) == 8  # 2 skipped + one period of 6
+    # two skipped iterations, then a burst every third; then inline for 2 skipped + 2 measured (probe=4)
+    times = [0.5, 0.5, 0.010, 0.010, 0.016, 0.010, 0.010, 0.016, 0.5, 0.5, 0.002, 0.004]
+    now, ran = 0.0, []
+    for t in times:
+        ran.append(live.tick(now))
+        now += t
+    assert ran == [bursty] * 8 + [INLINE] * 4
+    live.tick(now)
+    assert live.deciding
+    bursty_s, inline_s = spreads_of(live.times[None])
+    assert bursty_s.median == pytest.approx(0.012)  # the mean over the period, not the median 0.010
+    assert (inline_s.median, inline_s.low, inline_s.high, inline_s.runs) == pytest.approx((0.003, 0.002, 0.004, 2))
     edp.close()
 
 
 def test_on_drift_the_planner_falls_back_to_inline_until_a_new_plan_beats_it():
     """The measured iteration time leaves the prediction: the gain planned for may be gone, so the runtime runs
     inline while the planner observes again, and the next plan must beat inline again."""
-    from dataclasses import replace
-
     edp = Conduit(policy="off_policy", train_batch_size=8, capacity=4096, min_size_to_sample=8, g_max=2, seed=0)
     planner = AutoPlanner(edp, observe=3, probe=3, window=4, drift=0.25)
     with edp:
         pushed = _until_planned(edp, planner, 2 * (1 + 3 + 6 * 4 + 6 * 4))
         overlapped = Schedule(Mode(True, 1), Mode(True, 1))
         edp.reschedule(overlapped)  # as if the plan had been an overlapped one
-        planner.prediction = replace(planner.prediction, t_iter=planner.prediction.t_iter * 1e-3, schedule=overlapped)
+        planner.live.planned = Spread.of([planner.live.planned.median * 1e-3])  # as if it had measured that fast
         for _ in range(12):  # a window of 4, then the drift is seen at once
             pushed = _loop(edp, 1, start=pushed)
             if planner.phase is Phase.OBSERVE:

@@ -17,7 +17,7 @@ fewer collectives, batches at most ``g - 1`` pulls older. Overlapped, the next e
 collective lane (:class:`conduit.executor.Lane`) as soon as the last drawn batch is handed out, and runs
 while the learner computes; any other collective of the caller waits for it first, so every rank keeps one
 order of collectives. The mode is the config's (pinned knobs, else the prior: overlapped for learners on a
-GPU), or chosen by measuring the loop (``plan="auto"``, :mod:`conduit.scheduling.group`).
+GPU), or chosen by measuring the loop (``plan="auto"``, :mod:`conduit.scheduling.planner`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from conduit.core import Mode, SamplerKind
 from conduit.distributed import sampling as smp
 from conduit.distributed.exchange import META_ID, META_SLOT, META_WEIGHT, RowLayout, blocks, put
 from conduit.errors import ConduitTimeout, RuntimeFailed, SemanticsError
-from conduit.scheduling.group import DeliveryMode, DeliveryPlanner, candidates
+from conduit.scheduling.planner import DeliveryMode, LivePlanner, candidates, group_planner
 
 log = logging.getLogger("conduit")
 
@@ -78,7 +78,7 @@ class ReplayShare:
     """This rank's draws: batches drawn ahead (``g`` per exchange), the exchange in flight when overlapped, and
     the counters their info carries."""
 
-    def __init__(self, edp: DistributedConduit, mode: DeliveryMode, planner: DeliveryPlanner | None) -> None:
+    def __init__(self, edp: DistributedConduit, mode: DeliveryMode, planner: LivePlanner[DeliveryMode] | None) -> None:
         self.edp = edp
         self.mode = mode
         self.planner = planner
@@ -105,7 +105,7 @@ class ReplayShare:
                     and (rate.block or not m.overlap)]
             modes = tuple(fits)  # never empty: validate_rate refused a pinned mode that does not fit
             lone = lone or not rate.block
-        planner = DeliveryPlanner(modes) if auto and edp.sampling.value == "global" else None
+        planner = group_planner(modes) if auto and edp.sampling.value == "global" else None
         return cls(edp, DeliveryMode(bool(prior.overlap) and not lone, int(prior.granularity)), planner)
 
     def pull(self, timeout: float) -> ShardedBatch:
@@ -154,7 +154,7 @@ class ReplayShare:
                 raise
             raise self.edp.group.failure.set("pull (overlapped exchange)", exc) from exc
 
-    def _decide(self, planner: DeliveryPlanner) -> DeliveryMode:
+    def _decide(self, planner: LivePlanner[DeliveryMode]) -> DeliveryMode:
         """Collective, at the same pull on every rank: gather the probe's windows and keep the plan."""
         edp = self.edp
         shape = planner.times.shape
@@ -165,9 +165,9 @@ class ReplayShare:
                      ", ".join(f"{r['mode']} {float(r['median_s']) * 1e3:.3f} ms/pull" for r in planner.report()))
         return mode
 
-    def _recheck(self, planner: DeliveryPlanner) -> bool:
+    def _recheck(self, planner: LivePlanner[DeliveryMode]) -> bool:
         """Collective, at the same pull on every rank: gather the plan's watched windows; probe again where the
-        group's time drifted (:func:`conduit.scheduling.group.drifted`)."""
+        group's time drifted (:func:`conduit.scheduling.planner.drifted`)."""
         edp = self.edp
         got = edp.group.gather(torch.from_numpy(planner.watched.copy()), "plan (drift check)")
         replan = planner.recheck(got.numpy().reshape(edp.world, -1), time.perf_counter())

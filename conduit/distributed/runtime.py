@@ -97,7 +97,7 @@ from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, HookKind, HookRegistry
 from conduit.operators import HookOperator
 from conduit.paths.delivery import hooked
 from conduit.runtime import Conduit
-from conduit.scheduling.group import DeliveryMode
+from conduit.scheduling.planner import DeliveryMode
 from conduit.spec import Data, ExperienceSpec, as_tensors, batch_size_of, rows_of
 
 __all__ = ["DistributedConduit"]
@@ -117,7 +117,7 @@ class DistributedConduit:
         shares: each rank's share of ``capacity`` (default equal), e.g. a placement's capacity split.
         plan: off-policy delivery's schedule: ``"prior"`` (default; the config's pinned knobs, else overlapped
             for learners on a GPU and inline on the CPU, ``g = 1``) or ``"auto"`` (measured on the running
-            loop, the same rule as one process's planner: :mod:`conduit.scheduling.group`).
+            loop, the same rule as one process's planner: :mod:`conduit.scheduling.planner`).
         spec: the experience spec, when known up front.
         registry: the hooks (default: a fresh registry filled by ``@edp.register_*``).
     """

@@ -1,11 +1,13 @@
-"""Latency-aware scheduling: the cost model and its fit (pure), the profiler, the planners.
+"""Latency-aware scheduling: the cost model and its fit (pure), the profiler, the planner.
 
-It sits above the runtime: the runtime never imports it. Every planner here decides by one
-rule (:func:`.noise.pick`: a plan must beat inline by more than the noise, then the finest
-within the noise of the fastest): one process's automatic planner (:mod:`.auto`, the model's
-ranking settled by measurement, :func:`.fit.settle`), a sharded group's delivery planner
-(:mod:`.group`, the same rule over the ranks' gathered windows, alike on every rank), and the
-stage-wave planner (:mod:`.stages`, the model's overlap decision per stage). The pure parts
+It sits above the runtime: the runtime never imports it. One live planner decides every
+running schedule (:mod:`.planner`: it measures the candidates on the loop, decides by one rule,
+:func:`.noise.pick` -- a plan must beat inline by more than the noise, then the finest within
+the noise of the fastest -- and watches the plan for drift), for one process and for a sharded
+group (the ranks gather their windows and decide on the same matrix). One process's front end
+(:mod:`.auto`) adds what only it has: the profile of its registered graphs and the model's
+ranking (:func:`.fit.settle`), which choose the few schedules worth measuring. The stage
+graph's waves (:mod:`.stages`) are the model's overlap decision per stage. The pure parts
 (:mod:`.model`, :mod:`.fit`, :mod:`.steady`) are re-exported here; the parts that
 drive runtimes (:mod:`.measure`, :mod:`.profiler`, :mod:`.auto`, :mod:`.workload`)
 are imported from their modules (``from conduit.scheduling.auto import AutoPlanner``).

@@ -38,10 +38,15 @@ the last mini-batch of an iteration on-policy), in the caller's thread:
    it by more than the noise of the two measurements (the spread of their
    periods; :func:`~conduit.scheduling.noise.beats`), or the plan is inline.
 4. **run** — the runtime is rescheduled to the plan. The planner re-plans when the buffer migrated (the per-sample
-   size changed) or the measured iteration time drifts from the prediction by
-   more than ``drift`` over a whole window; while it re-observes, the runtime
-   runs inline (the gain it planned for may have gone with the drift), and the
-   new plan must beat inline again.
+   size changed) or, checked every ``window`` iterations, the iteration time moved
+   from what the plan measured live by more than ``drift`` and more than the noise
+   of the two; while it re-observes, the runtime runs inline (the gain it planned
+   for may have gone with the drift), and the new plan must beat inline again.
+
+Every live measurement, and the watch, is the one live planner's
+(:class:`~conduit.scheduling.planner.LivePlanner`, which a sharded group's delivery
+decides by too): this module adds what only one process has, the profile of its
+registered graphs and the model that turns it into the few schedules worth measuring.
 
 Designed for one training loop driving the runtime (one actor and one learner
 thread); with several, drive ``Conduit.reschedule`` from a profile instead.
@@ -51,7 +56,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -64,7 +68,8 @@ from conduit.scheduling.fit import fit_sync, probe_schedules, settle, shortlist
 from conduit.scheduling.measure import MeasureSettings, measure_delivery, measure_ingestion
 from conduit.scheduling.model import Costs, Prediction, rank
 from conduit.scheduling.noise import Spread
-from conduit.scheduling.steady import period, steady_time
+from conduit.scheduling.planner import LivePlanner, group_spread, spreads_of
+from conduit.scheduling.steady import period
 from conduit.storage.policy import FixedStorage
 
 __all__ = ["AutoPlanner", "PlanEvent"]
@@ -124,18 +129,16 @@ class AutoPlanner:
         self.history: list[PlanEvent] = []
         self.costs: Costs | None = None
         self.prediction: Prediction | None = None
+        #: what measures the schedules live, decides between them and watches the plan (one at a time)
+        self.live: LivePlanner[Schedule] | None = None
         self._win = _Window()
-        self._recent: deque[float] = deque(maxlen=window)
         self._pool: list[dict[str, torch.Tensor]] = []
         self._boundary: float | None = None
         self._inside = 0.0  # seconds inside push/pull since the last boundary
         self._phases = {"rollout": 0.0, "update": 0.0}
         self._probes: dict[str, Schedule] = {}
-        self._probe_queue: list[str] = []
         self._measured: dict[str, float] = {}
-        self._probe_times: list[float] = []
         self._ranked: list[Prediction] = []
-        self._verify_queue: list[Schedule] = []
         self.verified: dict[Schedule, float] = {}
         #: each schedule run live (probes and verification): its time per iteration, and the range over its periods
         self.spreads: dict[Schedule, Spread] = {}
@@ -159,11 +162,11 @@ class AutoPlanner:
         if self._boundary is None:  # the first boundary only starts the clock
             self._reset_clock(t1)
             return
-        t_iter = t1 - self._boundary
-        self._record(t_iter)
+        if self.phase is Phase.OBSERVE:
+            self._record(t1 - self._boundary)
         self._reset_clock(t1)
         self.iteration += 1
-        self._advance()
+        self._advance(t1)
 
     def _reset_clock(self, now: float) -> None:
         self._boundary = now
@@ -176,33 +179,50 @@ class AutoPlanner:
         w.outside.append(max(0.0, t_iter - self._inside))
         w.rollout.append(self._phases["rollout"])
         w.update.append(self._phases["update"])
-        if self.phase in (Phase.PROBE, Phase.VERIFY):
-            self._probe_times.append(t_iter)
-        self._recent.append(t_iter)
 
     # -- the state machine ----------------------------------------------------------
-    def _advance(self) -> None:
-        if self.phase is Phase.OBSERVE and len(self._win.t_iter) >= self.observe_n and self._pool:
-            self._profile()
-        elif self.phase is Phase.PROBE and self._probe_done():
-            self._measured[self._probe_queue[0]] = self._probe_time()
-            self.spreads[self._probes[self._probe_queue[0]]] = self._probe_spread()
-            self._probe_queue.pop(0)
-            self._probe_times = []
-            if self._probe_queue:
-                self.rt.reschedule(self._probes[self._probe_queue[0]])
-            else:
-                self._rank()
-        elif self.phase is Phase.VERIFY and self._probe_done():
-            self.spreads[self._verify_queue[0]] = self._probe_spread()
-            self.verified[self._verify_queue.pop(0)] = self._probe_time()
-            self._probe_times = []
-            if self._verify_queue:
-                self.rt.reschedule(self._verify_queue[0])
-            else:
-                self._choose()
-        elif self.phase is Phase.RUN:
-            self._watch()
+    def _advance(self, now: float) -> None:
+        """At an iteration boundary: observe, or tick the live planner and act on what it says."""
+        if self.phase is Phase.OBSERVE:
+            if len(self._win.t_iter) >= self.observe_n and self._pool:
+                self._profile(now)
+            return
+        assert self.live is not None
+        schedule = self.live.tick(now)
+        if self.phase is Phase.RUN:
+            self._watch(now)
+        elif self.live.deciding:  # every schedule of this round measured
+            self._measured_round(now)
+        elif schedule != self.rt.schedule:
+            self.rt.reschedule(schedule)
+
+    def prober(self, schedules: list[Schedule]) -> LivePlanner[Schedule]:
+        """The live planner that measures ``schedules`` on this loop: each for ``_PROBE_SKIP`` unmeasured iterations,
+        then windows of one period each, ``probe`` iterations at least; the plan checked every ``window``."""
+        return LivePlanner(schedules, period=self._period_of, window=1, span=max(1, self.probe_n - self._PROBE_SKIP),
+                           skip=self._PROBE_SKIP, watch_span=self.window, margin=self.MARGIN, drift=self.drift)
+
+    def _trial(self, phase: Phase, schedules: list[Schedule], now: float) -> None:
+        """Measure ``schedules`` live, one after another, from this boundary."""
+        self.phase = phase
+        self.live = self.prober(schedules)
+        first = self.live.tick(now)
+        if first != self.rt.schedule:
+            self.rt.reschedule(first)
+
+    def _measured_round(self, now: float) -> None:
+        assert self.live is not None
+        got = dict(zip(self.live.keys, spreads_of(self.live.times[None]), strict=True))
+        if self.phase is Phase.PROBE:
+            for name, schedule in self._probes.items():
+                self._measured[name] = got[schedule].median
+                self.spreads[schedule] = got[schedule]
+            self._rank(now)
+        else:
+            for schedule, spread in got.items():
+                self.verified[schedule] = spread.median
+                self.spreads[schedule] = spread
+            self._choose(now)
 
     def _rollout_update(self) -> tuple[float, float]:
         w = self._win
@@ -211,7 +231,7 @@ class AutoPlanner:
             rollout = update = statistics.median(w.outside) / 2
         return rollout, update
 
-    def _profile(self) -> None:
+    def _profile(self, now: float) -> None:
         rt, cfg = self.rt, self.rt.config
         t_rollout, t_update = self._rollout_update()
         device = self._storage_device()
@@ -225,14 +245,11 @@ class AutoPlanner:
         )
         coarsest = int(min(max(cfg.ingestion_space), max(cfg.delivery_space)))
         self._probes = probe_schedules(cfg.policy, cfg.num_minibatches, coarsest)
-        self._probe_queue = list(self._probes)
         self._measured = {}
         self.spreads = {}
-        self._probe_times = []
-        self.phase = Phase.PROBE
-        self.rt.reschedule(self._probes[self._probe_queue[0]])
+        self._trial(Phase.PROBE, list(dict.fromkeys(self._probes.values())), now)
 
-    def _rank(self) -> None:
+    def _rank(self, now: float) -> None:
         assert self.costs is not None
         cfg = self.rt.config
         self.costs = fit_sync(self.costs, self._measured, self._probes)
@@ -243,37 +260,35 @@ class AutoPlanner:
         top = shortlist(self._ranked, max(1, self.verify_n))
         probed = {s: self._measured[name] for name, s in self._probes.items() if name in self._measured}
         self.verified = {s: probed[s] for s in top if s in probed}  # already measured live as a probe
-        self._verify_queue = [s for s in top if s not in self.verified] if len(top) > 1 else []
-        self._probe_times = []
-        if self._verify_queue:
-            self.phase = Phase.VERIFY
-            self.rt.reschedule(self._verify_queue[0])
+        queue = [s for s in top if s not in self.verified] if len(top) > 1 else []
+        if queue:
+            self._trial(Phase.VERIFY, queue, now)
         else:
-            self._choose()
+            self._choose(now)
 
-    def _choose(self) -> None:
+    def _choose(self, now: float) -> None:
         assert self.costs is not None
-        self.prediction = settle(self._ranked, self.judged, margin=0.03, spreads=self.spreads)
-        self.rt.reschedule(self.prediction.schedule)
-        self.history.append(PlanEvent(self.iteration, "planned", self.prediction.schedule, self.prediction, self.costs))
-        p = self.prediction
+        self.prediction = p = settle(self._ranked, self.judged, margin=self.MARGIN, spreads=self.spreads)
+        self.history.append(PlanEvent(self.iteration, "planned", p.schedule, p, self.costs))
         log.info("conduit: auto-planned %s (predicted T_iter %.3f ms)", p.schedule, p.t_iter * 1e3)
         self.phase = Phase.RUN
-        self._recent.clear()
+        self.live = self.prober([p.schedule])
+        # watched against what it measured live (the plan always was, inline as the all-inline probe)
+        self.live.keep(0, self.spreads.get(p.schedule, Spread(p.t_iter, p.t_iter, p.t_iter)))
+        self.rt.reschedule(p.schedule)
         self._migrations = self._buffer_migrations()
 
-    def _watch(self) -> None:
+    def _watch(self, now: float) -> None:
+        assert self.live is not None and self.live.planned is not None
         if self._buffer_migrations() != self._migrations:
             self._replan("the per-sample size changed (migration)")
             return
-        if self.prediction is None or len(self._recent) < self.window:
+        if not self.live.checking:
             return
-        measured = steady_time(list(self._recent), self._period())
-        if abs(measured - self.prediction.t_iter) > self.drift * self.prediction.t_iter:
-            self._replan(
-                f"measured T_iter {measured * 1e3:.3f} ms drifted from the predicted "
-                f"{self.prediction.t_iter * 1e3:.3f} ms"
-            )
+        planned, watched = self.live.planned, self.live.watched[None]
+        if self.live.recheck(watched, now):
+            self._replan(f"measured T_iter {group_spread(watched).median * 1e3:.3f} ms drifted from the planned "
+                         f"{planned.median * 1e3:.3f} ms")
 
     @property
     def judged(self) -> dict[Schedule, float]:
@@ -288,29 +303,15 @@ class AutoPlanner:
             self.rt.reschedule(INLINE)  # until a new plan beats inline again
         self._win = _Window()
         self._pool = []
-        self._recent.clear()
+        self.live = None
         self.phase = Phase.OBSERVE
 
     # -- helpers -----------------------------------------------------------------
     _PROBE_SKIP = 2  # iterations a probe drops after a reschedule (the new schedule's first invocations)
+    MARGIN = 0.03  # the smallest relative gain that counts on one process (:func:`~conduit.scheduling.noise.noise`)
 
-    def _period(self) -> int:
-        return period(self.rt.schedule, self.rt.config.policy)
-
-    def _probe_done(self) -> bool:
-        """At least ``probe`` iterations, and whole periods of the running schedule after the skipped ones."""
-        p, kept = self._period(), len(self._probe_times) - self._PROBE_SKIP
-        return len(self._probe_times) >= self.probe_n and kept >= p and kept % p == 0
-
-    def _probe_time(self) -> float:
-        """The running schedule's time per iteration over the probe (whole periods; see ``steady``)."""
-        return steady_time(self._probe_times[self._PROBE_SKIP :], self._period())
-
-    def _probe_spread(self) -> Spread:
-        """The probe's time per iteration, with the range of its periods' times per iteration."""
-        times, p = self._probe_times[self._PROBE_SKIP :], self._period()
-        per_period = [sum(times[i : i + p]) / p for i in range(0, len(times) - p + 1, p)] or [self._probe_time()]
-        return Spread(self._probe_time(), min(per_period), max(per_period), len(per_period))
+    def _period_of(self, schedule: Schedule) -> int:
+        return period(schedule, self.rt.config.policy)
 
     def _buffer_migrations(self) -> int:
         buf = self.rt.buffer

@@ -3,9 +3,9 @@
 A shared host's speed moves within seconds, so every time the profiler and the
 automatic planner measure is a handful of runs, kept as a :class:`Spread`
 (median and range), never a bare number. :func:`pick` is the one rule every
-planner decides by -- one process's (:mod:`~conduit.scheduling.fit`) and a sharded
-group's (:mod:`~conduit.scheduling.group`): a candidate counts only where it beats
-the inline baseline by more than the noise the two measurements show
+decision is made by -- the live planner's (:mod:`~conduit.scheduling.planner`, for one
+process and for a sharded group) and the model's settling (:mod:`~conduit.scheduling.fit`):
+a candidate counts only where it beats the inline baseline by more than the noise the two measurements show
 (:func:`beats`), and of those the finest within the noise of the fastest wins.
 """
 

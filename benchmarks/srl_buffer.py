@@ -55,10 +55,10 @@ from typing import Any
 import numpy as np
 import torch
 from conduit.integrations import srl
-from conduit.integrations.srl.samples import build as build_record
-from conduit.integrations.srl.samples import flatten
 
 from benchmarks.timing import Stat, interleaved, torch_threads
+from conduit.ext import build_record
+from conduit.ext import flatten_record as flatten
 from tests.integrations import srl_stub
 
 T, B, OBS, CAPACITY = 8, 256, 512, 4096

@@ -28,6 +28,9 @@ place it may import from (``tests/test_house.py`` checks every import of
   (:class:`Stored`): a buffer's rows and priorities read back, oldest first, from its
   ``state_dict`` -- a framework's own checkpoint format written from Conduit's checkpoint --
   and :func:`slots_in_order`, the slots of a table's ids in id order;
+- nested records (:class:`RecordLayout`, :func:`flatten_record`, :func:`build_record`, ...): samples
+  that nest (a mapping of mappings, SRL's ``NamedArray``) stored as flat dotted fields and rebuilt
+  with their nesting, sequence samples batched time-major;
 - :func:`explain`: an adapter's own pydantic options fail with the core's
   ``ConfigError`` message;
 - stage graphs (:class:`Stage`, :class:`Plan`, :class:`StageProfile`,
@@ -52,6 +55,17 @@ from conduit.grouping import ANY_SOURCE, Admission, AdmissionConfig, AdmissionCo
 from conduit.memory import BatchMemory, HandoffGuard, Staging
 from conduit.nstep import NStepFolder, Segment
 from conduit.prefetch import Prefetcher, PrefetchStats
+from conduit.records import (
+    RecordLayout,
+    as_row,
+    build_record,
+    conform_record,
+    flatten_record,
+    is_numeric_leaf,
+    is_record,
+    stack_rows,
+    unify_records,
+)
 from conduit.reuse import Reusable, ReuseQueue
 from conduit.samplers.base import Draw, Sampler
 from conduit.snapshot import Stored, slots_in_order, stored_in_order
@@ -73,6 +87,7 @@ __all__ = [
     "Plan",
     "PrefetchStats",
     "Prefetcher",
+    "RecordLayout",
     "ReplayBuffer",
     "Reusable",
     "ReuseQueue",
@@ -88,9 +103,17 @@ __all__ = [
     "StreamSet",
     "TensorStorage",
     "WaveTiming",
+    "as_row",
+    "build_record",
+    "conform_record",
     "explain",
     "fits",
+    "flatten_record",
     "handoff",
+    "is_numeric_leaf",
+    "is_record",
     "slots_in_order",
+    "stack_rows",
     "stored_in_order",
+    "unify_records",
 ]

@@ -23,8 +23,12 @@ from types import ModuleType
 from typing import Any
 
 __all__ = [
-    "BUFFER_MODULES", "SRLTypes", "find", "loaded", "looks_like_srl", "namedarray_of", "types_named", "types_of",
+    "BUFFER_MODULES", "HOST_FIELDS", "SRLTypes", "find", "loaded", "looks_like_srl", "namedarray_of", "types_named",
+    "types_of",
 ]
+
+#: fields a GPU learner still gets as host numpy: SRL's trainer filters stale samples with numpy on them
+HOST_FIELDS = ("policy_version_steps",)
 
 #: SRL's buffer module, by the name each SRL distribution gives it (the packaged release first)
 BUFFER_MODULES = ("rlsrl.base.buffer", "base.buffer")

@@ -42,11 +42,10 @@ import torch
 
 import conduit
 from conduit import BatchInfo, ConfigError, Reader, SemanticsError, SpecError, Writer
-from conduit.ext import HandoffGuard, Staging
+from conduit.ext import HandoffGuard, RecordLayout, Staging, as_row, stack_rows
 
 from . import persist
-from .locate import SRLTypes, types_named
-from .samples import HOST_FIELDS, Layout, as_row, stack_rows
+from .locate import HOST_FIELDS, SRLTypes, types_named
 
 __all__ = ["CLASSES", "ConduitReplayBuffer", "positive"]
 
@@ -98,7 +97,7 @@ class ConduitReplayBuffer:
         )
         # the adapter's own bookkeeping (replay counts); held briefly, never while waiting on the runtime
         self._lock = threading.Lock()
-        self.layout: Layout | None = None
+        self.layout: RecordLayout | None = None
         self.edp: conduit.Conduit | None = None
         self.staging = Staging() if self.learner_device.type == "cpu" else None
         self._guard = HandoffGuard()
@@ -111,7 +110,7 @@ class ConduitReplayBuffer:
         self._prepared: OrderedDict[int, tuple[Any, float | None, Any]] = OrderedDict()
 
     # -- the runtime, made at the first put (the sample length is known then) -------------------
-    def _config(self, layout: Layout) -> conduit.ConduitConfig:
+    def _config(self, layout: RecordLayout) -> conduit.ConduitConfig:
         t = layout.length
         fields: dict[str, Any] = dict(
             policy="off_policy", train_batch_size=self.batch_size, capacity=self.max_size,
@@ -133,7 +132,7 @@ class ConduitReplayBuffer:
     def _sampler_fields(self) -> dict[str, Any]:
         return {"sampler": "uniform"}
 
-    def _runtime(self, layout: Layout) -> conduit.Conduit:
+    def _runtime(self, layout: RecordLayout) -> conduit.Conduit:
         edp = conduit.Conduit(self._config(layout))
         if self.staging is not None:
             edp.register_delivery(input="ExperienceBuffer", output="Learner")(self._time_major)
@@ -141,7 +140,7 @@ class ConduitReplayBuffer:
 
     def _begin(self, sample: Any) -> None:
         """Learn the stream's layout from its first sample and start the runtime (caller holds the lock)."""
-        layout = Layout.of(sample)
+        layout = RecordLayout.of(sample)
         if self.sample_length is not None and layout.length != self.sample_length:
             raise RuntimeError(
                 f"the sample received has length {layout.length} on axis 0, the buffer was configured with "
@@ -329,7 +328,8 @@ class ConduitReplayBuffer:
         return self.edp.stats() if self.edp is not None else None
 
     def _adapter_state(self) -> dict[str, Any]:
-        return {"times": self._times.copy(), "gens": self._gens.copy(), "layout": self.layout}
+        layout = self.layout.state() if self.layout is not None else None
+        return {"times": self._times.copy(), "gens": self._gens.copy(), "layout": layout}
 
     def _load_adapter_state(self, state: dict[str, Any]) -> None:
         self._times[:] = state["times"]
@@ -352,7 +352,7 @@ class ConduitReplayBuffer:
         """Continue from a pickle's checkpoint (a fresh buffer: what unpickling does)."""
         if self.edp is not None:
             raise SemanticsError("resume into a fresh buffer (this one already holds samples)")
-        layout: Layout = state["layout"]
+        layout = RecordLayout.from_state(state["layout"])
         self.layout = layout  # before the runtime: its delivery hook lays batches out by it
         self._load_adapter_state(state)  # and counts on these; PER's beta is the sampler's from the start
         edp = self._runtime(layout)

@@ -33,10 +33,20 @@ import numpy as np
 import torch
 
 from conduit import ConfigError, SpecError
-from conduit.ext import HandoffGuard, ReuseQueue, Staging, StreamSet, handoff
+from conduit.ext import (
+    HandoffGuard,
+    ReuseQueue,
+    Staging,
+    StreamSet,
+    build_record,
+    conform_record,
+    flatten_record,
+    handoff,
+    is_numeric_leaf,
+    unify_records,
+)
 
-from .locate import SRLTypes, types_named
-from .samples import HOST_FIELDS, build, conform, flatten, is_numeric, unify
+from .locate import HOST_FIELDS, SRLTypes, types_named
 
 __all__ = ["ConduitQueueBuffer"]
 
@@ -134,10 +144,10 @@ class ConduitQueueBuffer:
     # -- batching on axis 1 -------------------------------------------------------------------------
     def _stack(self, group: list[Any]) -> tuple[Any, torch.cuda.Event | None]:
         """``B`` samples of ``[T, ...]`` -> one ``[T, B, ...]`` sample, numeric leaves in staging memory."""
-        raw = [dict(flatten(x)) for x in group]
-        names = unify(raw)  # a record left None in some samples: its leaves, zero-filled below (as SRL does)
+        raw = [dict(flatten_record(x)) for x in group]
+        names = unify_records(raw)  # a record left None in some samples: its leaves, zero-filled below (as SRL does)
         key = tuple(names)
-        flats = [f if tuple(f) == key else conform(f, names) for f in raw]
+        flats = [f if tuple(f) == key else conform_record(f, names) for f in raw]
         numeric = {}
         leaves: dict[str, Any] = {}
         event = None
@@ -149,7 +159,7 @@ class ConduitQueueBuffer:
                 continue
             if len(present) < len(vals):  # SRL fills the samples missing a field with zeros of its shape
                 vals = [np.zeros_like(present[0]) if v is None else v for v in vals]
-            if _same_numeric(vals) or all(is_numeric(v) for v in vals):
+            if _same_numeric(vals) or all(is_numeric_leaf(v) for v in vals):
                 numeric[k] = vals
             else:
                 leaves[k] = np.stack([np.asarray(v) for v in vals], axis=1)
@@ -163,7 +173,7 @@ class ConduitQueueBuffer:
                     torch.stack([torch.as_tensor(v) for v in vals], dim=1, out=blocks[k])
             placed, event = self._place(blocks)
             leaves.update(placed)
-        return build([(k, leaves[k]) for k in names], self.types.named_array), event
+        return build_record([(k, leaves[k]) for k in names], self.types.named_array), event
 
     def _place(self, blocks: dict[str, torch.Tensor]) -> tuple[dict[str, Any], torch.cuda.Event | None]:
         """Host numpy views of the blocks, or (a GPU learner) device tensors copied on a side stream, and the
@@ -180,9 +190,9 @@ class ConduitQueueBuffer:
         """The trainer thread receives ``entry``: its stream waits for the entry's device copy, or its pinned host
         blocks are guarded until the trainer's own prefetcher has copied them."""
         if self._stream is not None:
-            handoff({k: v for k, v in flatten(entry.sample) if isinstance(v, torch.Tensor) and v.is_cuda}, event)
+            handoff({k: v for k, v in flatten_record(entry.sample) if isinstance(v, torch.Tensor) and v.is_cuda}, event)
         elif self.staging.pinned:
-            self._guard.handed([v for _, v in flatten(entry.sample) if isinstance(v, np.ndarray)])
+            self._guard.handed([v for _, v in flatten_record(entry.sample) if isinstance(v, np.ndarray)])
 
     # -- persistence ----------------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:

@@ -27,9 +27,9 @@ import pytest
 from conduit.integrations import srl
 from conduit.integrations.srl.install import ORIGINAL
 from conduit.integrations.srl.locate import types_of
-from conduit.integrations.srl.samples import flatten
 
 import conduit
+from conduit.ext import flatten_record as flatten
 
 from . import srl_stub as stub
 from .srl_stub import StepLog, ids_of, sample, trainer_step

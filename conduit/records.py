@@ -1,19 +1,21 @@
-"""SRL samples <-> Conduit's flat fields, and SRL's batching on axis 1.
+"""Nested records <-> the buffer's flat fields, and batching sequence samples time-major.
 
-An SRL sample is a nested ``NamedArray`` (a ``SampleBatch``: ``obs``, ``action``,
-``reward``, ``policy_version_steps``, ``analyzed_result.ret`` ...) whose leaves are
-arrays of shape ``[T, ...]`` (actors batch along time, axis 0) or ``None``. Conduit
-stores flat fields, so a sample is flattened to dotted names (``analyzed_result.ret``)
-and rebuilt as a ``NamedArray`` of the same nesting — the way SRL's own replay
-buffers rebuild theirs (a plain ``NamedArray``, not the producer's subclass).
+Conduit stores flat fields. A sample that nests -- a mapping of mappings, or a record
+type with ``keys()`` / ``items()`` such as SRL's ``NamedArray`` (``obs`` itself a record,
+``analyzed_result.ret`` ...) -- is flattened to dotted names (:func:`flatten_record`) and rebuilt
+with the same nesting by the record class the consumer wants (:func:`build_record`). Leaves are
+arrays or tensors, or ``None``.
 
-Buffers batch along axis 1: ``B`` samples of ``[T, ...]`` become one ``[T, B, ...]``
-(time-major) sample. :class:`Layout` records the first sample's structure; every
-later sample must match it, except where SRL itself tolerates a difference: a leaf or
-a whole record ``None`` in some samples (zero-filled, as SRL's aggregation fills it).
+Sequence samples (every leaf ``[T, ...]``, time on axis 0, as actors post them) are
+batched on axis 1: ``B`` samples become one time-major ``[T, B, ...]`` sample.
+:class:`RecordLayout` records a stream's first sample's structure; every later sample must
+match it, except where a stream may legitimately differ: a leaf or a whole record
+``None`` in some samples (zero-filled, as an aggregation of such samples fills it;
+:func:`unify_records` / :func:`conform_record` for a batch formed at once).
 
 A record is told from a leaf by its type, never by a ``shape`` attribute: SRL's
-``NamedArray`` has a ``shape`` property too.
+``NamedArray`` has a ``shape`` property too. Used by the SRL adapter; usable by any
+workload whose samples nest (:mod:`conduit.ext` exports it).
 """
 
 from __future__ import annotations
@@ -28,14 +30,14 @@ import torch
 
 from conduit import SpecError
 
-__all__ = ["HOST_FIELDS", "Layout", "as_row", "build", "conform", "flatten", "is_numeric", "stack_rows", "unify"]
+__all__ = [
+    "RecordLayout", "as_row", "build_record", "conform_record", "flatten_record", "is_numeric_leaf", "is_record",
+    "stack_rows", "unify_records",
+]
 
-#: fields a GPU learner still gets as host numpy: SRL's trainer filters stale samples with numpy on them
-HOST_FIELDS = ("policy_version_steps",)
 
-
-def _nested(v: Any) -> bool:
-    """Whether ``v`` is a nested record (an SRL ``NamedArray`` or a mapping), not a leaf.
+def is_record(v: Any) -> bool:
+    """Whether ``v`` is a nested record (a mapping, or a record type such as SRL's ``NamedArray``), not a leaf.
 
     Decided by type, not by a ``shape`` attribute: SRL's ``NamedArray`` has a ``shape``
     property (a dict of its fields' shapes) and is still a record of fields.
@@ -51,11 +53,11 @@ def _none_ancestor(name: str, flat: Mapping[str, Any]) -> bool:
     return any(flat.get(".".join(parts[:i]), 0) is None for i in range(1, len(parts)))
 
 
-def unify(flats: Sequence[Mapping[str, Any]]) -> list[str]:
+def unify_records(flats: Sequence[Mapping[str, Any]]) -> list[str]:
     """The leaf names of samples that may differ only where a nested field is ``None`` in some of them.
 
     An actor's sample leaves a whole record ``None`` (``info``, ``policy_state``) at steps
-    where others hold it; SRL's aggregation then fills zeros of the others' shapes. The
+    where others hold it; an aggregation then fills zeros of the others' shapes. The
     union keeps the most detailed form: a ``None`` name is replaced by its children.
     Other differences raise ``SpecError`` naming them.
     """
@@ -71,11 +73,11 @@ def unify(flats: Sequence[Mapping[str, Any]]) -> list[str]:
     for flat in flats:
         missing = [k for k in names if k not in flat and not _none_ancestor(k, flat)]
         if missing:
-            raise SpecError(f"an SRL sample lacks fields {missing} that other samples of the stream have")
+            raise SpecError(f"a sample lacks fields {missing} that other samples of the stream have")
     return names
 
 
-def conform(flat: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+def conform_record(flat: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
     """``flat``'s leaves under ``names``: a leaf under a ``None`` record is ``None``."""
     out: dict[str, Any] = {}
     for k in names:
@@ -84,16 +86,16 @@ def conform(flat: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
         elif _none_ancestor(k, flat):
             out[k] = None
         else:
-            raise SpecError(f"an SRL sample lacks field {k!r} that the stream's first sample has")
+            raise SpecError(f"a sample lacks field {k!r} that the stream's first sample has")
     return out
 
 
-#: whether a value of a type is a nested record (:func:`_nested`), by type: flatten runs per sample and per get
+#: whether a value of a type is a nested record (:func:`is_record`), by type: flatten runs per sample and per get
 _RECORD: dict[type, bool] = {}
 
 
-def flatten(sample: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """``[(dotted name, leaf)]`` of a nested ``NamedArray`` (or mapping), in its own field order."""
+def flatten_record(sample: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """``[(dotted name, leaf)]`` of a nested record, in its own field order."""
     out: list[tuple[str, Any]] = []
     fields = getattr(sample, "_fields", None)
     # an SRL NamedArray's items() are its ``_fields`` read by getattr, through two generators: read them directly
@@ -104,16 +106,17 @@ def flatten(sample: Any, prefix: str = "") -> list[tuple[str, Any]]:
             continue
         record = _RECORD.get(type(v))
         if record is None:
-            record = _RECORD[type(v)] = _nested(v)
+            record = _RECORD[type(v)] = is_record(v)
         if record:
-            out += flatten(v, f"{prefix}{k}.")
+            out += flatten_record(v, f"{prefix}{k}.")
         else:
             out.append((prefix + k if prefix else k, v))
     return out
 
 
-def build(pairs: Sequence[tuple[str, Any]], cls: Callable[..., Any]) -> Any:
-    """A nested ``cls`` (a ``NamedArray`` class) from ``[(dotted name, leaf)]``."""
+def build_record(pairs: Sequence[tuple[str, Any]], cls: Callable[..., Any]) -> Any:
+    """A nested ``cls`` (a record class taking fields as keywords: ``dict``, a ``NamedArray``) from
+    ``[(dotted name, leaf)]``."""
     top: dict[str, Any] = {}
     groups: dict[str, list[tuple[str, Any]]] = {}
     for name, v in pairs:
@@ -123,11 +126,11 @@ def build(pairs: Sequence[tuple[str, Any]], cls: Callable[..., Any]) -> Any:
         else:
             top[head] = v
     for head, sub in groups.items():
-        top[head] = build(sub, cls)
+        top[head] = build_record(sub, cls)
     return cls(**top)
 
 
-def is_numeric(v: Any) -> bool:
+def is_numeric_leaf(v: Any) -> bool:
     """A leaf Conduit can store: a numeric or bool array, or a tensor."""
     if type(v) is np.ndarray:
         return v.dtype.kind in "biufc"
@@ -135,13 +138,13 @@ def is_numeric(v: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class Layout:
+class RecordLayout:
     """The structure of a stream's samples, learned from the first one.
 
     Attributes:
         names: every leaf's dotted name, in the sample's order.
         none: leaves that are ``None`` (handed back as ``None``).
-        other: non-numeric leaves (strings, objects): a queue buffer keeps them, a replay buffer cannot.
+        other: non-numeric leaves (strings, objects): a queue keeps them, a replay buffer cannot.
         length: the sample's length on axis 0 (time), ``T``.
         shapes: each stored leaf's ``[T, ...]`` shape and dtype (what a later ``None`` is filled with).
     """
@@ -153,19 +156,19 @@ class Layout:
     shapes: Mapping[str, tuple[tuple[int, ...], Any]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, sample: Any) -> Layout:
-        pairs = flatten(sample)
+    def of(cls, sample: Any) -> RecordLayout:
+        pairs = flatten_record(sample)
         if not pairs:
-            raise SpecError("an SRL sample with no fields")
+            raise SpecError("a sample with no fields")
         none = frozenset(k for k, v in pairs if v is None)
-        other = frozenset(k for k, v in pairs if v is not None and not is_numeric(v))
+        other = frozenset(k for k, v in pairs if v is not None and not is_numeric_leaf(v))
         flat = [k for k, v in pairs if k not in none and k not in other and getattr(v, "ndim", 0) < 1]
         if flat:
-            raise SpecError(f"fields {flat}: every array of an SRL sample has a time axis (axis 0), these have none")
+            raise SpecError(f"fields {flat}: every array of a sequence sample has a time axis (axis 0), these lack one")
         lengths = {int(v.shape[0]) for k, v in pairs if k not in none and getattr(v, "ndim", 0) >= 1}
         if len(lengths) != 1:
             raise SpecError(
-                f"an SRL sample's fields must share their length on axis 0 (time), got {sorted(lengths)}"
+                f"a sequence sample's fields must share their length on axis 0 (time), got {sorted(lengths)}"
             )
         shapes = {k: (tuple(v.shape), v.dtype) for k, v in pairs if k not in none and k not in other}
         return cls(tuple(k for k, _ in pairs), none, other, lengths.pop(), shapes)
@@ -178,11 +181,11 @@ class Layout:
     def leaves(self, sample: Any) -> dict[str, Any]:
         """``sample``'s leaves by dotted name, checked against this layout (``SpecError`` naming the difference).
 
-        As SRL's replay storage does (it is laid out from the first sample): a leaf that is
+        As a storage laid out from the first sample does (SRL's replay storage): a leaf that is
         ``None`` here but stored (or under a ``None`` record) is written as zeros; a leaf the
         first sample had as ``None`` is not stored, so an array there is dropped.
         """
-        flat = dict(flatten(sample))
+        flat = dict(flatten_record(sample))
         if tuple(flat) != self.names:
             known = set(self.names)
             extra = sorted(
@@ -194,7 +197,7 @@ class Layout:
             missing = [k for k in self.names if k not in flat and not _none_ancestor(k, flat)]
             if missing or extra:
                 raise SpecError(
-                    f"an SRL sample's fields differ from the stream's first: missing {missing}, extra {extra}"
+                    f"a sample's fields differ from the stream's first: missing {missing}, extra {extra}"
                 )
         out: dict[str, Any] = {}
         for k in self.names:
@@ -209,9 +212,19 @@ class Layout:
                 out[k] = v
         return out
 
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps: plain values, so it loads whatever module this class lives in."""
+        return {"names": self.names, "none": self.none, "other": self.other, "length": self.length,
+                "shapes": dict(getattr(self, "shapes", {}))}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any] | RecordLayout) -> RecordLayout:
+        """The layout :meth:`state` kept (a layout object pickled as itself is taken as it is)."""
+        return state if isinstance(state, RecordLayout) else cls(**state)
+
     def rebuild(self, leaves: Mapping[str, Any], cls: Callable[..., Any]) -> Any:
         """A ``cls`` sample from leaves by name (``None`` leaves filled in)."""
-        return build([(k, None if k in self.none else leaves[k]) for k in self.names], cls)
+        return build_record([(k, None if k in self.none else leaves[k]) for k in self.names], cls)
 
 
 def as_row(v: Any) -> Any:

@@ -1,0 +1,64 @@
+"""Nested records in the core (conduit.records via conduit.ext): flattened to the buffer's fields, rebuilt nested."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import conduit
+from conduit.errors import SpecError
+from conduit.ext import RecordLayout, build_record, flatten_record, is_record, stack_rows
+
+
+def _sample(t: int, step: int) -> dict[str, object]:
+    return {
+        "obs": {"pixels": np.full((t, 3), step, np.float32), "state": {"pos": np.full((t, 2), -step, np.float32)}},
+        "action": np.full((t,), step % 4, np.int64),
+        "info": None,
+    }
+
+
+def test_a_nested_sample_flattens_in_its_own_order_and_builds_back_with_its_nesting() -> None:
+    s = _sample(5, 3)
+    pairs = flatten_record(s)
+    assert [k for k, _ in pairs] == ["obs.pixels", "obs.state.pos", "action", "info"]
+    back = build_record(pairs, dict)
+    assert back["info"] is None and back["obs"]["state"]["pos"] is s["obs"]["state"]["pos"]  # no copy
+    assert not is_record(np.zeros(2)) and not is_record(None) and is_record({"a": 1})
+
+
+def test_nested_samples_go_through_a_runtime_as_flat_fields_and_come_back_nested_time_major() -> None:
+    """Any workload whose samples nest: the layout of the first sample names the buffer's fields; a pulled
+    batch of B samples of [T, ...] is rebuilt as one nested [T, B, ...] sample."""
+    t, b = 4, 6
+    layout = RecordLayout.of(_sample(t, 0))
+    assert layout.numeric == ("obs.pixels", "obs.state.pos", "action") and layout.none == {"info"}
+    edp = conduit.Conduit(policy="off_policy", train_batch_size=b, capacity=64, min_size_to_sample=b, seed=0)
+    with edp:
+        for step in range(16):
+            leaves = layout.leaves(_sample(t, step))
+            edp.push({k: stack_rows([torch.from_numpy(leaves[k])]) for k in layout.numeric})
+        batch = edp.pull()
+        drawn = batch.info.ids
+        nested = layout.rebuild({k: batch[k].transpose(0, 1) for k in layout.numeric}, dict)
+    assert nested["info"] is None
+    assert tuple(nested["obs"]["pixels"].shape) == (t, b, 3) and tuple(nested["action"].shape) == (t, b)
+    steps = nested["obs"]["pixels"][0, :, 0].numpy()
+    assert np.array_equal(steps, drawn.astype(np.float32))  # each column is the sample drawn there, whole
+    assert np.array_equal(nested["obs"]["state"]["pos"][:, :, 1].numpy(), -np.tile(steps, (t, 1)))
+
+
+def test_a_layout_checkpoints_as_plain_values_and_refuses_a_different_sample() -> None:
+    layout = RecordLayout.of(_sample(3, 0))
+    state = pickle.loads(pickle.dumps(layout.state()))
+    assert isinstance(state, dict) and RecordLayout.from_state(state) == layout
+    assert RecordLayout.from_state(layout) is layout
+    other = _sample(3, 1)
+    del other["action"]
+    with pytest.raises(SpecError, match="missing \\['action'\\]"):
+        layout.leaves(other)
+    filled = layout.leaves({**_sample(3, 1), "obs": None})  # a whole record left None: zeros of its shapes
+    assert filled["obs.pixels"].shape == (3, 3) and not filled["obs.pixels"].any()

@@ -20,7 +20,8 @@ place it may import from (``tests/test_house.py`` checks every import of
   the core's worker, so an adapter never starts a thread of its own;
 - the protocols a custom component implements: storage (:class:`Storage`,
   :class:`StoragePolicy`, and the stock :class:`TensorStorage` and
-  :class:`FixedStorage` a custom one extends, and :func:`fits`, whether offered
+  :class:`FixedStorage` a custom one extends, :class:`HostGatherStoragePolicy` for host rows gathered
+  single-threaded on a loaded CPU, and :func:`fits`, whether offered
   batch memory can take a gather) and samplers (:class:`Sampler`,
   :class:`Draw`);
 - the off-policy buffer a runtime holds (:class:`ReplayBuffer`: its lock, draws,
@@ -70,7 +71,7 @@ from conduit.reuse import Reusable, ReuseQueue
 from conduit.samplers.base import Draw, Sampler
 from conduit.snapshot import Stored, slots_in_order, stored_in_order
 from conduit.stages import Plan, Stage, StageProfile, StageRunner, WaveTiming
-from conduit.storage import FixedStorage, Storage, StoragePolicy, TensorStorage
+from conduit.storage import FixedStorage, HostGatherStoragePolicy, Storage, StoragePolicy, TensorStorage
 from conduit.storage.tensor import fits
 
 __all__ = [
@@ -83,6 +84,7 @@ __all__ = [
     "FixedStorage",
     "GroupInfo",
     "HandoffGuard",
+    "HostGatherStoragePolicy",
     "NStepFolder",
     "Plan",
     "PrefetchStats",

@@ -1,6 +1,6 @@
 """Storage contract: every implementation behaves as one preallocated ring of rows.
 
-Parametrized over :class:`TensorStorage` and :class:`ShardedStorage` (several
+Parametrized over :class:`TensorStorage`, :class:`HostGatherStorage` and :class:`ShardedStorage` (several
 layouts, uneven ones and migrated multi-segment ones included, all CPU shards
 here); each is checked against a naive reference (a dict of plain tensors).
 """
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import conduit.storage.sharded as sharded_module
 from conduit.errors import PlacementError
 from conduit.spec import ExperienceSpec, FieldSpec
-from conduit.storage import RowLayout, ShardedStorage, Storage, TensorStorage
+from conduit.storage import HostGatherStoragePolicy, RowLayout, ShardedStorage, Storage, TensorStorage
 from conduit.storage.sharded import RowCopy, Segment, copy_block, move_rows
 
 ROWS = 23
@@ -38,6 +38,7 @@ SCRAMBLED = RowLayout(
 Factory = Callable[[ExperienceSpec, int], Storage]
 FACTORIES: dict[str, Factory] = {
     "tensor": lambda spec, rows: TensorStorage(spec, rows, "cpu"),
+    "host-gather": lambda spec, rows: HostGatherStoragePolicy("cpu").create(spec, rows),
     "sharded-1": lambda spec, rows: ShardedStorage(spec, rows, [("cpu", rows)]),
     "sharded-even": lambda spec, rows: ShardedStorage(spec, rows, [("cpu", rows - 2 * (rows // 3))] + [("cpu", rows // 3)] * 2),
     "sharded-uneven": lambda spec, rows: ShardedStorage(spec, rows, [("cpu", 1), ("cpu", rows - 6), ("cpu", 5)]),

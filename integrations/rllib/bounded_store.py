@@ -36,9 +36,8 @@ import torch
 
 import conduit
 from conduit import BatchInfo, Reader, SemanticsError, Writer
-from conduit.ext import NStepFolder, ReplayBuffer, stored_in_order
+from conduit.ext import HostGatherStoragePolicy, NStepFolder, ReplayBuffer, stored_in_order
 
-from .columnar import HostGatherStoragePolicy
 from .episodes import LEARNER_COLUMNS, Chunk, PreparedBatch, learner_dtype
 from .options import BufferOptions
 

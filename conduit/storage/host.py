@@ -1,9 +1,10 @@
-"""The bounded mode's host storage: Conduit's tensor storage with a gather that waits for no one.
+"""Host storage with a gather that waits for no one: numpy fancy indexing instead of ``index_select``.
 
-On a CPU-only learner the bounded mode keeps the ring's rows in host memory
-(:class:`HostGatherStoragePolicy`, handed to :class:`conduit.Conduit`), where the
-gather runs as numpy fancy indexing instead of ``torch.index_select``; the class
-says why.
+For a host learner on a CPU that other processes load (a framework's env runners and
+learner beside the buffer), hand :class:`HostGatherStoragePolicy` to
+:class:`conduit.Conduit` (``storage=``): rows stay in host memory and a gather runs
+single-threaded, so its time does not swing with the load; the class says why. The
+RLlib adapter's bounded mode uses it for CPU-only learners.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from conduit import ExperienceSpec
-from conduit.ext import FixedStorage, Storage, TensorStorage, fits
+from conduit.spec import ExperienceSpec
+from conduit.storage.base import Storage
+from conduit.storage.policy import FixedStorage
+from conduit.storage.tensor import TensorStorage, fits
 
 __all__ = ["HostGatherStorage", "HostGatherStoragePolicy"]
 
@@ -25,7 +28,7 @@ class HostGatherStorage(TensorStorage):
     ``torch.index_select`` runs an OpenMP parallel region for large gathers; when
     other processes hold the cores, that region waits for them, and a gather's time
     swings with the load (``out=`` or not), while numpy's single-threaded fancy
-    indexing waits for no one (BENCHMARKS.md, "RLlib end to end"). With ``out``
+    indexing waits for no one (measured in BENCHMARKS.md, "RLlib end to end"). With ``out``
     (recycled batch memory) the rows land there (``np.take(..., out=)``), else in
     fresh memory.
     """

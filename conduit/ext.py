@@ -32,6 +32,8 @@ place it may import from (``tests/test_house.py`` checks every import of
 - nested records (:class:`RecordLayout`, :func:`flatten_record`, :func:`build_record`, ...): samples
   that nest (a mapping of mappings, SRL's ``NamedArray``) stored as flat dotted fields and rebuilt
   with their nesting, sequence samples batched time-major;
+- what a loop waits on (:class:`WaitTimer`, :func:`measure_interleaved`, :func:`summary_table`): the
+  exposed experience path measured on live objects, the same way with and without Conduit;
 - :func:`explain`: an adapter's own pydantic options fail with the core's
   ``ConfigError`` message;
 - stage graphs (:class:`Stage`, :class:`Plan`, :class:`StageProfile`,
@@ -52,6 +54,7 @@ from __future__ import annotations
 from conduit.buffers.replay import ReplayBuffer
 from conduit.config import explain
 from conduit.executor import StreamSet, handoff
+from conduit.exposure import WaitTimer, measure_interleaved, summary_table
 from conduit.grouping import ANY_SOURCE, Admission, AdmissionConfig, AdmissionController, GroupInfo
 from conduit.memory import BatchMemory, HandoffGuard, Staging
 from conduit.nstep import NStepFolder, Segment
@@ -104,6 +107,7 @@ __all__ = [
     "Stored",
     "StreamSet",
     "TensorStorage",
+    "WaitTimer",
     "WaveTiming",
     "as_row",
     "build_record",
@@ -114,8 +118,10 @@ __all__ = [
     "handoff",
     "is_numeric_leaf",
     "is_record",
+    "measure_interleaved",
     "slots_in_order",
     "stack_rows",
     "stored_in_order",
+    "summary_table",
     "unify_records",
 ]

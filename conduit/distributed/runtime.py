@@ -95,7 +95,7 @@ from conduit.distributed.shards import shard_storage
 from conduit.errors import ConfigError, SemanticsError, SpecError
 from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, HookKind, HookRegistry
 from conduit.operators import HookOperator
-from conduit.paths.delivery import hooked
+from conduit.paths.hooked import hooked
 from conduit.runtime import Conduit
 from conduit.scheduling.planner import DeliveryMode
 from conduit.spec import Data, ExperienceSpec, as_tensors, batch_size_of, rows_of
@@ -386,7 +386,7 @@ class DistributedConduit:
 
     def deliver(self, data: dict[str, torch.Tensor], info: BatchInfo) -> dict[str, torch.Tensor]:
         """The registered delivery hook over the learner's whole batch, as a delivery path runs it
-        (:func:`conduit.paths.delivery.hooked`: the same operator, made once, when the hooks freeze)."""
+        (:func:`conduit.paths.hooked.hooked`: the same operator, made once, when the hooks freeze)."""
         if self._delivery_hook is None:
             self.registry.freeze("the group has delivered; register hooks before the first push/pull")
             spec = self.registry.get(HookKind.DELIVERY)

@@ -37,16 +37,17 @@ import torch
 from conduit.batch import Batch, BatchInfo
 from conduit.buffers.base import ExperienceBuffer
 from conduit.core import Mode
-from conduit.errors import ConduitError, ConduitTimeout, SemanticsError
+from conduit.errors import ConduitTimeout, SemanticsError
 from conduit.executor import POLL_S, FailureBox, StreamSet, fail, handoff
 from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, Reader, Writer
 from conduit.memory import BatchMemory
 from conduit.operators import FnOperator, HookOperator, Operator, OperatorKind, Packet, concat
 from conduit.paths.base import DataPath
 from conduit.paths.claims import Claim, DeliveryStats, Place, Staged
+from conduit.paths.hooked import kept_rows
 from conduit.trace import Tracer
 
-__all__ = ["Claim", "DeliveryPath", "DeliveryStats", "HookFn", "Place", "Staged", "hooked"]
+__all__ = ["Claim", "DeliveryPath", "DeliveryStats", "HookFn", "Place", "Staged"]
 
 HookFn = Callable[[Reader, Writer], object]
 
@@ -144,6 +145,19 @@ class DeliveryPath(DataPath):
         """Whether gathered rows are already on ``learner``'s device (no transfer to check for)."""
         return False
 
+    def _passes(self, exc: Exception) -> bool:
+        """Whether an invocation's error is its caller's to handle rather than a failure of the path (a group's
+        timeout, which every rank raised alike)."""
+        return False
+
+    def _version(self) -> int:
+        """Transitions ingested so far: a batch's ``version_at_delivery``."""
+        return self.buffer.inserted
+
+    def _batch(self, data: dict[str, torch.Tensor], info: BatchInfo) -> Batch:
+        """The batch handed to the learner (a path whose rows carry more than their slots says so here)."""
+        return Batch(data, info)
+
     # -- the one place a BatchInfo is made -----------------------------------------------
     def _info(self, claim: Claim, part: int, pull_index: int = -1, version_at_delivery: int = -1) -> BatchInfo:
         """Batch ``part`` of ``claim``'s provenance; a staged batch's pull index and version are set at hand-over."""
@@ -195,7 +209,7 @@ class DeliveryPath(DataPath):
             return graph.run(Packet([], claim), g).parts
         except BaseException as exc:
             self._abandon(claim)  # rows, promises and reservations go back whatever stopped it
-            if not isinstance(exc, Exception):  # KeyboardInterrupt and the like: the caller's, not a failure
+            if not isinstance(exc, Exception) or self._passes(exc):  # the caller's, not a failure of the path
                 raise
             fail(self.failure, "delivery operator", exc)
 
@@ -223,7 +237,7 @@ class DeliveryPath(DataPath):
         if len(parts) == len(sizes) and all(next(iter(p.values())).shape[0] == s for p, s in zip(parts, sizes)):
             return packet
         whole = concat(parts)
-        _kept_rows(whole, sizes)
+        kept_rows(whole, sizes)
         chunks = {k: torch.split(v, sizes) for k, v in whole.items()}
         packet.parts = [{k: c[i] for k, c in chunks.items()} for i in range(len(sizes))]
         return packet
@@ -341,11 +355,11 @@ class DeliveryPath(DataPath):
                 self.staged[learner].extend(rest)
                 self._busy[learner] = False
                 self.cond.notify_all()
-        info = self._info(claim, 0, index, self.buffer.inserted)
+        info = self._info(claim, 0, index, self._version())
         # counted before the invocation lock goes: a checkpoint (which pauses delivery by taking the lock)
         # then never sees this pull's index without its rows counted
         self._counted(learner, info, claim.sizes[0], False)
-        return Batch(parts[0], info)
+        return self._batch(parts[0], info)
 
     def _pull_staged(self, learner: int, deadline: tuple[float, float]) -> Batch | None:
         """Overlapped: the next batch the worker staged; None if the mode switched to inline meanwhile."""
@@ -395,7 +409,7 @@ class DeliveryPath(DataPath):
     def _hand_over(self, learner: int, item: Staged, index: int) -> Batch:
         try:
             handoff(item.data, item.event)
-            info = item.info._replace(pull_index=index, version_at_delivery=self.buffer.inserted)
+            info = item.info._replace(pull_index=index, version_at_delivery=self._version())
             self._counted(learner, info, len(info.rows), True)
         finally:
             with self._lock:
@@ -403,7 +417,7 @@ class DeliveryPath(DataPath):
                 if not self.handing:  # (the last hand-over of concurrent pulls wakes for all of them)
                     # the worker may stage the next invocation; a checkpoint may wait for the counts to settle
                     self.cond.notify_all()
-        return Batch(item.data, info)
+        return self._batch(item.data, info)
 
     # -- control ----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -453,48 +467,3 @@ class DeliveryPath(DataPath):
                 for item in items:
                     data = {k: v.to(self.devices[learner]) for k, v in item["data"].items()}
                     self.staged[learner].append(Staged(data, BatchInfo.from_state_dict(item["info"]), None))
-
-
-def _kept_rows(whole: dict[str, torch.Tensor], sizes: Sequence[int]) -> None:
-    """A delivery hook keeps one output row per input row (the batches' sizes and provenance depend on it)."""
-    rows = next(iter(whole.values())).shape[0] if whole else 0
-    if rows != sum(sizes):
-        raise ConduitError(
-            f"the delivery hook wrote {rows} rows but this invocation delivers {sum(sizes)} "
-            f"(batches of {sizes}); a delivery hook must keep one output row per input row"
-        )
-
-
-class _BatchFacts:
-    """A batch's :class:`BatchInfo` as what a delivery hook reads as ``exp_in.info``: the keys a path's own
-    invocation gives (:meth:`Claim.facts` and its policy's), for rows a path did not draw itself."""
-
-    def __init__(self, info: BatchInfo, rows: int) -> None:
-        self.info, self.rows = info, rows
-
-    def facts(self) -> dict[str, object]:
-        i = self.info
-        out: dict[str, object] = {
-            "learner": i.learner, "mode": i.mode, "granularity": float(i.mode.granularity), "sizes": [self.rows],
-            "rows": self.rows, "sampled_at_pull": i.sampled_at_pull, "buffer_version": i.buffer_version,
-            "version": i.buffer_version,
-        }
-        if i.epoch is None:  # off-policy: the draw (ReplayClaim.facts)
-            out.update(invocation=i.iteration, drawn=i.rows, weights=i.weights, indices=i.indices, ids=i.ids)
-        else:  # on-policy: the mini-batch's rows (MinibatchClaim.facts)
-            out.update(iteration=i.iteration, rows=[i.indices], ids=[i.ids])
-        return out
-
-
-def hooked(hook: HookOperator | None, data: dict[str, torch.Tensor], info: BatchInfo) -> dict[str, torch.Tensor]:
-    """One batch through a delivery hook outside a path's invocation (the sharded runtime's rows come from its
-    exchange): the path's own operator (a failure is :class:`~conduit.errors.HookFailed` naming the hook, and
-    ``exp_in.info`` holds the batch's facts under the keys a path gives) and its check that the hook kept one
-    output row per input row. Without a hook, ``data`` itself."""
-    if hook is None:
-        return data
-    rows = next(iter(data.values())).shape[0] if data else 0
-    parts = hook.run(Packet([data], _BatchFacts(info, rows))).parts
-    whole = concat(parts)
-    _kept_rows(whole, [rows])
-    return whole

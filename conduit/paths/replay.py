@@ -125,7 +125,7 @@ class ReplayDelivery(DeliveryPath):
                 with self._lock:
                     claim, index = self._claim(learner, True, rows) if self._ready(learner, rows) else (None, -1)
                 if claim is not None:  # not _deliver: the learner's busy flag is the worker's, untouched here
-                    batch = Batch(self._invoke(claim)[0], self._info(claim, 0, index, self.buffer.inserted))
+                    batch = self._batch(self._invoke(claim)[0], self._info(claim, 0, index, self._version()))
                     self._counted(learner, batch.info, rows, False)
                     self.stats.pull_s += time.perf_counter() - t0
                     return batch

@@ -295,28 +295,36 @@ def test_the_code_cites_the_projects_own_design_page_and_its_sections_exist():
 #: the runtime's one face to a buffer (``push``/``flush``/``pull``/``minibatches`` are the runtime's own)
 BUFFER_FACE = {"update_priorities", "state_dict", "load_state_dict"}
 #: the buffer's side doors still called from outside the runtime, each to close (issue "one data plane", item 2):
-#: the sharded buffer's global draw
-BUFFER_SIDE_DOORS = {
-    ("conduit/distributed/replay.py", "priority_mass"), ("conduit/distributed/replay.py", "sample"),
-}
+#: the priority mass every rank's sync reports, for the global draw's request matrix
+BUFFER_SIDE_DOORS = {("conduit/distributed/replay.py", "priority_mass")}
 
 
 def test_adapters_and_the_sharded_runtime_reach_a_buffer_only_through_its_face():
-    """A call on a runtime's buffer (``buf`` / ``edp.buffer``) from ``integrations/`` or ``conduit/distributed/``
-    outside the face is one of the listed side doors; the list only shrinks (a door closed leaves it)."""
+    """A call on a runtime's buffer (``buf`` / ``buffer`` / ``<runtime>.buffer``) from ``integrations/`` or
+    ``conduit/distributed/`` outside the face is one of the listed side doors; the list only shrinks (a door
+    closed leaves it). A delivery path's own draws are the route itself (a class deriving ``DeliveryPath``: the
+    sharded buffer's global draw is its path's row source, as one process's draw is its path's)."""
     import inspect
 
     from conduit.buffers.replay import ReplayBuffer
 
     methods = {n for n, _ in inspect.getmembers(ReplayBuffer, inspect.isfunction) if not n.startswith("_")}
-    found = set()
+    found, routes = set(), 0
     for folder in ("integrations", "conduit/distributed"):
         for f in sorted((ROOT / folder).rglob("*.py")):
             rel = str(f.relative_to(ROOT))
-            for node in ast.walk(ast.parse(f.read_text())):
+            tree = ast.parse(f.read_text())
+            paths = [c for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+                     and any(ast.unparse(b) == "DeliveryPath" for b in c.bases)]
+            inside = {id(n) for c in paths for n in ast.walk(c)}
+            for node in ast.walk(tree):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in methods:
                     receiver = ast.unparse(node.func.value)
-                    if re.fullmatch(r"buf|\w*edp\.buffer", receiver) and node.func.attr not in BUFFER_FACE:
-                        found.add((rel, node.func.attr))
+                    if re.fullmatch(r"buf|buffer|\w*(edp|shard)\.buffer", receiver) and node.func.attr not in BUFFER_FACE:
+                        if id(node) in inside:
+                            routes += 1
+                        else:
+                            found.add((rel, node.func.attr))
+    assert routes, "the global draw's own buffer calls are inside its delivery path"
     assert found - BUFFER_SIDE_DOORS == set(), "new side doors into a buffer"
     assert BUFFER_SIDE_DOORS - found == set(), "closed side doors: take them off BUFFER_SIDE_DOORS"

@@ -126,7 +126,7 @@ def _save(edp: DistributedConduit, target: Path, tmp: Path) -> None:
             report["rows"] = int(next(iter(rows.values())).shape[0]) if rows else 0
         report["counts"] = edp.counters()
         report["rate_pushed"] = edp.rate.pushed if edp.rate is not None else 0
-        report["ahead"] = len(edp.replay.ready) if edp.replay is not None else 0
+        report["ahead"] = len(edp.delivery.staged[0]) if edp.delivery is not None else 0
     except Exception as e:  # every rank must still reach the gather below, or the others time out
         report = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     reports = edp.group.gather_object(report, "save (shards written)")

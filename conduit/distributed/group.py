@@ -35,11 +35,11 @@ The first failure is latched: every later call on any runtime using this group
 raises the same error (the process groups are unusable after a failed
 collective).
 
-**Collectives started ahead.** :meth:`RankGroup.ahead` runs a function that
-calls this group's collectives (an overlapped exchange) on the group's lane
-(:class:`conduit.executor.Lane`), while the caller goes on; every collective the
-caller starts afterwards, through any method here, first waits for it. So the
-collectives of every rank keep the program's order, whoever calls them.
+**Collectives started ahead.** An overlapped exchange calls this group's collectives
+on the delivery path's worker (:class:`conduit.distributed.replay.GroupDelivery`) while
+the caller goes on; every collective the caller starts afterwards, through any method
+here, first waits until no such exchange is queued or running (:attr:`RankGroup.before_call`).
+So the collectives of every rank keep the program's order, whoever calls them.
 """
 
 from __future__ import annotations
@@ -51,15 +51,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from conduit.errors import ConduitTimeout, RuntimeClosed, RuntimeFailed
-from conduit.executor import FailureBox, Lane, process_alive
+from conduit.executor import FailureBox, process_alive
 
 __all__ = ["RankFailed", "RankGroup"]
 
@@ -98,8 +96,8 @@ class RankGroup:
         #: the longest a call waits on a collective a dead or stalled rank never joins before it raises RankFailed
         self.failure_bound_s = self.timeout + self.window
         self.failure = FailureBox()
-        self._lane: Lane | None = None
-        self._ahead: tuple[Future[Any], float] | None = None  # the call started ahead, and its deadline
+        #: what must end before a collective of the calling thread (set by the runtime: its delivery path's quiesce)
+        self.before_call: Callable[[], None] | None = None
         self.closed = False
         ranks = None if group is None else dist.get_process_group_ranks(group)
         td = datetime.timedelta(seconds=self.timeout)
@@ -134,31 +132,12 @@ class RankGroup:
         me = self.peers[self.rank]["host"]
         return sum(1 for p in self.peers if p and p["host"] == me)
 
-    # -- collectives started ahead ---------------------------------------------------------
-    def ahead(self, fn: Callable[..., T], *args: Any, bound_s: float) -> Future[T]:
-        """Start ``fn(*args)`` (which runs this group's collectives) on the group's lane; the caller's next
-        collective waits for it first. ``bound_s``: the longest it can take (its collectives are bounded)."""
-        if self._lane is None:
-            self._lane = Lane(f"rank{self.rank}-collectives")
-        future = self._lane.submit(fn, *args)
-        self._ahead = (future, time.monotonic() + bound_s)
-        return future
-
-    @property
-    def on_lane(self) -> bool:
-        """Whether the calling thread is the lane's (a call started ahead)."""
-        return self._lane is not None and self._lane.current
-
+    # -- what runs before a collective ---------------------------------------------------
     def settle(self) -> None:
-        """Wait until the call started ahead, if any, has ended (its outcome is its owner's to read)."""
-        if self._ahead is None or self.on_lane:
-            return
-        future, deadline = self._ahead
-        try:
-            future.exception(timeout=max(0.0, deadline - time.monotonic()))
-        except FutureTimeout:
-            raise ConduitTimeout(f"rank {self.rank}: a collective started ahead did not end in its bound") from None
-        self._ahead = None
+        """Wait for what must end before this thread's collective (:attr:`before_call`: the delivery path's queued
+        exchange, whose collectives come first on every rank)."""
+        if self.before_call is not None:
+            self.before_call()
 
     # -- the collectives ---------------------------------------------------------------
     def gather(self, vec: torch.Tensor, what: str) -> torch.Tensor:
@@ -294,12 +273,10 @@ class RankGroup:
         return RankFailed(f"rank {self.rank}", exc, named, detail)
 
     def close(self) -> None:
-        """End the lane after its call in flight, drop the store connection and this object's references to its
+        """Drop the store connection and this object's references to its
         process groups: from here they belong to torch.distributed alone (``destroy_process_group`` frees them, in
         the caller's thread), never to an object that a reference cycle keeps until the interpreter's last
         collection, when freeing a gloo group aborts the process."""
-        if self._lane is not None:
-            self._lane.close()
         if self.rank == 0 and self._store is not None:
             # rank 0 hosts the group's store, and close is not collective: a peer may still be finishing a request
             # (the spec agreement of its last push) after this rank closed. The server outlives the group, so that

@@ -29,7 +29,9 @@ from conduit.core import Mode
 from conduit.distributed.exchange import RowLayout
 from conduit.distributed.sampling import on_policy_plan
 from conduit.errors import SemanticsError
-from conduit.hooks import HookKind, Reader, Writer
+from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, HookKind, Reader, Writer
+from conduit.operators import HookOperator
+from conduit.paths.hooked import hooked
 from conduit.spec import Data, ExperienceSpec, rows_of
 
 #: the rank's :class:`~conduit.distributed.runtime.DistributedConduit` (not imported: it imports this module)
@@ -49,6 +51,17 @@ class OnPolicyShare:
         self.iteration = 0
         self.pulls = 0
         self.pushed_rows = 0
+        self._hook: list[HookOperator] | None = None  # made at the first mini-batch ([]: none registered)
+
+    def deliver(self, data: dict[str, torch.Tensor], info: BatchInfo) -> dict[str, torch.Tensor]:
+        """The registered delivery hook over this learner's part, as a delivery path runs it
+        (:func:`conduit.paths.hooked.hooked`: the same operator, made once, when the hooks freeze)."""
+        if self._hook is None:
+            registry = self.owner.registry
+            registry.freeze("the group has delivered; register hooks before the first push/pull")
+            spec = registry.get(HookKind.DELIVERY)
+            self._hook = [HookOperator("hook", spec.fn, EXPERIENCE_BUFFER, LEARNER)] if spec else []
+        return hooked(next(iter(self._hook), None), data, info)
 
     def push(self, data: Data) -> None:
         """Run the ingestion hook and keep what it writes for the open iteration (all-or-nothing), every unit
@@ -142,7 +155,7 @@ class OnPolicyShare:
                 )
                 off += n
                 self.pulls += 1
-                yield Batch(owner.deliver(data, info), info)
+                yield Batch(self.deliver(data, info), info)
 
     def state_dict(self) -> dict[str, object]:
         """The open iteration's rows (a checkpoint keeps what was pushed and not yet trained on)."""

@@ -1,8 +1,10 @@
-"""Off-policy delivery across ranks: global draws (one buffer's distribution, rows by ``all_to_all``) or local.
+"""Off-policy delivery across ranks: the global draw and its exchange are a delivery path's row source.
 
-A global draw (:meth:`ReplayShare.pull`) is one collective round after the sync
-that moves routed units and priority updates
-(:meth:`conduit.distributed.runtime.DistributedConduit.sync`):
+A batch leaves a sharded buffer by the route it leaves one process's by: a delivery path
+(:class:`conduit.paths.delivery.DeliveryPath`: staging, the pull route, the worker, the
+hook operator, one ``BatchInfo`` a batch). Only where an invocation's rows come from is
+the group's (:meth:`GroupDelivery._gather`): one global draw after the sync that moves
+routed units and priority updates (:meth:`conduit.distributed.runtime.DistributedConduit.sync`):
 
 1. every rank knows every shard's live rows and priority mass (the sync's ``all_gather``);
 2. every rank computes the same request matrix ``counts[requester, batch, shard]`` with the shared
@@ -10,14 +12,20 @@ that moves routed units and priority updates
 3. each shard draws, for each requester and batch, its count of rows with its own sampler, gathering them
    straight into its send buffer with their slots, ids and (prioritized) global importance weights;
 4. one ``all_to_all_single`` moves every block (:mod:`conduit.distributed.exchange`); each learner
-   concatenates its pieces into its batch on its device and runs the delivery hook.
+   concatenates its pieces into its batches, which the path's hook and transfer operators take on.
 
-With delivery granularity ``g`` one exchange draws ``g`` batches per learner, each batch its own draw:
-fewer collectives, batches at most ``g - 1`` pulls older. Overlapped, the next exchange starts on the rank's
-collective lane (:class:`conduit.executor.Lane`) as soon as the last drawn batch is handed out, and runs
-while the learner computes; any other collective of the caller waits for it first, so every rank keeps one
-order of collectives. The mode is the config's (pinned knobs, else the prior: overlapped for learners on a
-GPU), or chosen by measuring the loop (``plan="auto"``, :mod:`conduit.scheduling.planner`).
+Granularity ``g``: one invocation draws ``g`` batches per learner, each its own draw: fewer
+collectives, batches at most ``g - 1`` pulls older. Overlapped, the path's worker runs the
+invocation while the learner computes, but only invocations a pull queued: the pull that hands
+out the last staged batch queues the next (:meth:`GroupDelivery._pull_staged`), so every rank
+runs the same exchanges in the same order whatever its timing, and a collective of the learner's
+own (a sync, the planner's gathers, a checkpoint), a mode switch and close first wait until no
+queued invocation is left (:meth:`GroupDelivery.quiesce`). A timeout every rank reached alike
+(:class:`GroupTimeout`) goes to the pull waiting for the batch, not latched as the rank's failure.
+The mode is the config's (pinned knobs, else the prior: overlapped for learners on a GPU), or
+chosen by measuring the loop (``plan="auto"``: :func:`plan_pull`, :mod:`conduit.scheduling.planner`).
+
+Local sampling has no exchange: a learner pulls from its own shard's delivery path.
 """
 
 from __future__ import annotations
@@ -25,8 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -39,7 +46,11 @@ from conduit.core import Mode, SamplerKind
 from conduit.distributed import sampling as smp
 from conduit.distributed.exchange import META_ID, META_SLOT, META_WEIGHT, RowLayout, blocks, put
 from conduit.errors import ConduitTimeout, RuntimeFailed, SemanticsError
+from conduit.executor import in_worker, wait_until
+from conduit.hooks import HookKind
+from conduit.paths.delivery import Claim, DeliveryPath, HookFn, Place
 from conduit.scheduling.planner import DeliveryMode, LivePlanner, candidates, group_planner
+from conduit.trace import global_tracer
 
 log = logging.getLogger("conduit")
 
@@ -47,8 +58,9 @@ log = logging.getLogger("conduit")
 DistributedConduit = Any
 
 __all__ = [
-    "GIVE_UP", "HEAD", "INSERTED", "MASS", "MIN", "PUSHED", "ROWS", "SINCE", "SPEC", "WANT", "GroupTimeout",
-    "ReplayShare", "ShardedBatch", "shard_config", "shard_mass",
+    "GIVE_UP", "HEAD", "INSERTED", "MASS", "MIN", "PUSHED", "ROWS", "SINCE", "SPEC", "WANT", "GroupClaim",
+    "GroupDelivery", "GroupTimeout", "OwnedRows", "ShardedBatch", "make_delivery", "plan_pull", "planned",
+    "pull_global", "pull_local", "shard_config", "shard_mass",
 ]
 
 #: the state vector every rank contributes to a sync: these columns, then one outbox size per rank
@@ -74,128 +86,149 @@ class ShardedBatch(Batch):
         self.owners = owners
 
 
-class ReplayShare:
-    """This rank's draws: batches drawn ahead (``g`` per exchange), the exchange in flight when overlapped, and
-    the counters their info carries."""
+class OwnedRows(DrawnRows):
+    """A batch's rows drawn over several shards: slots and ids *within* the shard holding each row, and that
+    shard's rank (:attr:`owners`)."""
 
-    def __init__(self, edp: DistributedConduit, mode: DeliveryMode, planner: LivePlanner[DeliveryMode] | None) -> None:
-        self.edp = edp
-        self.mode = mode
-        self.planner = planner
-        self.ready: deque[ShardedBatch] = deque()
-        self.pending: Future[list[ShardedBatch]] | None = None
-        self.pulls = 0
-        self.exchanges = 0
+    __slots__ = ("owners",)
 
-    @classmethod
-    def planned(cls, edp: DistributedConduit, auto: bool) -> ReplayShare:
-        """The rank's draws under the config's prior (pinned knobs, else overlapped for GPU learners, ``g = 1``),
-        or probing every mode first (``auto``, global sampling only)."""
-        cfg = edp.config
-        prior = cfg.default_schedule().delivery
-        # rows on NCCL: an exchange on the lane beside the learner's own NCCL collectives (DDP) could meet them
-        # in a different order on different ranks, which NCCL may deadlock on: overlapped only where pinned
-        lone = edp.group.rows_backend == "nccl" and cfg.pinned.delivery_overlap is None
-        modes = tuple(m for m in candidates(cfg) if not (lone and m.overlap))
-        rate = cfg.rate_limit
-        if rate is not None:
-            # the ratio admits at most a band's width of samples at once; a refused draw raises on the learner's
-            # thread (block=False), never on the lane, where it would be a failure of the rank
-            fits = [m for m in modes if edp.world * m.g * cfg.train_batch_size <= rate.tolerance
-                    and (rate.block or not m.overlap)]
-            modes = tuple(fits)  # never empty: validate_rate refused a pinned mode that does not fit
-            lone = lone or not rate.block
-        planner = group_planner(modes) if auto and edp.sampling.value == "global" else None
-        return cls(edp, DeliveryMode(bool(prior.overlap) and not lone, int(prior.granularity)), planner)
+    def __init__(self, indices: np.ndarray, ids: np.ndarray, owners: np.ndarray) -> None:
+        super().__init__(indices, ids)
+        self.owners = owners
 
-    def pull(self, timeout: float) -> ShardedBatch:
-        local = self.edp.sampling.value == "local"
-        if self.planner is not None and not local:
-            self.mode = self.planner.tick(time.perf_counter())
-            if self.planner.checking:
-                self.drain(timeout)
-                if self._recheck(self.planner):
-                    self.mode = self.planner.tick(time.perf_counter())  # the probe's first pull
-            if self.planner.deciding:
-                self.drain(timeout)
-                self.mode = self._decide(self.planner)
-        if not self.ready:
-            if self.pending is not None:
-                self.drain(timeout)
-            else:
-                self.ready.extend(self._draw_local() if local else self._draw_global(timeout, self.mode.g))
-        batch = self.ready.popleft()
-        batch.info = batch.info._replace(pull_index=self.pulls)  # drawn ahead (g > 1, overlap): handed out now
-        self.pulls += 1
-        if self.mode.overlap and not local and not self.ready:
-            bound = timeout + 4 * self.edp.config.timeout_s  # the wait for rows, then at most four collectives
-            self.pending = self.edp.group.ahead(self._draw_ahead, timeout, self.mode.g, bound_s=bound)
-        return batch
 
-    def _draw_ahead(self, timeout: float, g: int) -> list[ShardedBatch]:
-        """:meth:`_draw_global` on the lane: on the learner's GPU (a new thread's current device is GPU 0)."""
-        if self.edp.device.type == "cuda":
-            torch.cuda.set_device(self.edp.device)
-        return self._draw_global(timeout, g, overlap=True)
+@dataclass(eq=False, slots=True)
+class GroupClaim(Claim):
+    """One exchange: its number, the pull's timeout, and (once drawn) each batch's rows and weights."""
 
-    def drain(self, timeout: float | None = None) -> None:
-        """Wait for the exchange in flight (its batches join the ready ones): before any other collective."""
-        if self.pending is None or self.edp.group.on_lane:
-            return
-        future, self.pending = self.pending, None
-        wait = (self.edp.config.timeout_s if timeout is None else timeout) + 4 * self.edp.config.timeout_s
-        try:
-            self.ready.extend(future.result(timeout=wait))
-        except BaseException as exc:
-            # latched, whatever it was: this rank's exchanges are out of step with its peers' from here on
-            if isinstance(exc, FutureTimeout):
-                exc = ConduitTimeout(f"rank {self.edp.rank}: the overlapped exchange did not end within {wait:.3g}s")
-            if isinstance(exc, (RuntimeFailed, GroupTimeout)):  # latched already (RankFailed), or in step
-                raise
-            raise self.edp.group.failure.set("pull (overlapped exchange)", exc) from exc
+    invocation: int = 0
+    timeout: float = 0.0
+    rows: list[OwnedRows] = field(default_factory=list)
+    weights: list[np.ndarray | None] = field(default_factory=list)
 
-    def _decide(self, planner: LivePlanner[DeliveryMode]) -> DeliveryMode:
-        """Collective, at the same pull on every rank: gather the probe's windows and keep the plan."""
-        edp = self.edp
-        shape = planner.times.shape
-        got = edp.group.gather(torch.from_numpy(planner.times.reshape(-1).copy()), "plan (probe windows)")
-        mode = planner.decide(got.numpy().reshape(edp.world, *shape))
-        if edp.rank == 0:
-            log.info("conduit.distributed: delivery plan %s (%s)", mode,
-                     ", ".join(f"{r['mode']} {float(r['median_s']) * 1e3:.3f} ms/pull" for r in planner.report()))
-        return mode
+    def place(self, part: int) -> Place:
+        return Place(self.invocation, None, None, None, False, self.rows[part], self.weights[part])
 
-    def _recheck(self, planner: LivePlanner[DeliveryMode]) -> bool:
-        """Collective, at the same pull on every rank: gather the plan's watched windows; probe again where the
-        group's time drifted (:func:`conduit.scheduling.planner.drifted`)."""
-        edp = self.edp
-        got = edp.group.gather(torch.from_numpy(planner.watched.copy()), "plan (drift check)")
-        replan = planner.recheck(got.numpy().reshape(edp.world, -1), time.perf_counter())
-        if replan and edp.rank == 0:
-            log.info("conduit.distributed: re-planning delivery: %s", planner.replans[-1])
-        return replan
-
-    def _draw_local(self) -> list[ShardedBatch]:
-        """Local sampling: ``g`` pulls from this rank's shard through its own delivery path (the core's draw, hook
-        and batch memory; the shard starts sampling at its share of ``min_size_to_sample``)."""
-        edp = self.edp
-        assert edp.shard is not None and edp.shard.buffer is not None
-        if edp.shard.buffer.rows < edp.local_sample_min():
-            raise SemanticsError(
-                f"rank {edp.rank}'s shard holds {edp.shard.buffer.rows} rows: too few to sample (local mode)"
-            )
-        out = []
-        for _ in range(self.mode.g):
-            b = edp.shard.pull()
-            info = self._info(b.info.rows, b.info.weights, b.info.buffer_version, Mode(False, Fraction(self.mode.g)))
-            out.append(ShardedBatch(dict(b.items()), info, np.full(len(info.rows), edp.rank, dtype=np.int64)))
-        self.exchanges += 1
+    def facts(self) -> dict[str, object]:
+        out = Claim.facts(self)
+        out["invocation"] = self.invocation
+        if self.rows:  # the whole invocation's rows, as one process's draw gives them (ReplayClaim.facts)
+            indices = np.concatenate([r.indices for r in self.rows])
+            ids = np.concatenate([r.ids for r in self.rows])
+            weights = None if self.weights[0] is None else np.concatenate(self.weights)  # type: ignore[arg-type]
+            out.update(drawn=DrawnRows(indices, ids), weights=weights, indices=indices, ids=ids,
+                       owners=np.concatenate([r.owners for r in self.rows]), version=self.buffer_version)
         return out
 
-    def _draw_global(self, timeout: float, g: int, overlap: bool = False) -> list[ShardedBatch]:
+
+class GroupDelivery(DeliveryPath):
+    """A rank's off-policy delivery under global sampling (see the module docstring)."""
+
+    def __init__(self, edp: DistributedConduit, mode: Mode, hook: HookFn | None) -> None:
+        super().__init__(buffer=None, mode=mode, hook=hook, tracer=global_tracer(),  # type: ignore[arg-type]
+                         failure=edp.group.failure, timeout=edp.config.timeout_s, learner_devices=[edp.device],
+                         recycle_batches=False)
+        self.edp = edp
+        self._invocation = 0
+        self._group_version = 0  # transitions the group had ingested at the last draw
+        self._queued: deque[GroupClaim] = deque()  # claims a hand-over queued for the worker
+        self._handed: BaseException | None = None  # an error every rank raised alike, for the waiting pull
+        #: the current pull's timeout: the one its draw (inline, or queued at its hand-over) waits within
+        self.pull_timeout = edp.config.timeout_s
+
+    # -- what an invocation is ---------------------------------------------------------------------
+    def _ready(self, learner: int, rows: int = 0) -> bool:
+        return True  # whether the group holds enough rows is the draw's collective decision (bounded, below)
+
+    def _begin(self, learner: int, sampled_at_pull: int, handed: bool, rows: int = 0) -> GroupClaim:
+        if rows:
+            raise SemanticsError("pull(rows=...) draws from one process's buffer; a group's batches are "
+                                 "train_batch_size rows")
+        invocation, self._invocation = self._invocation, self._invocation + 1
+        return GroupClaim(learner, sampled_at_pull, self.mode, (self.edp.config.train_batch_size,) * self.g_units,
+                          invocation=invocation, timeout=self.pull_timeout)
+
+    def _passes(self, exc: Exception) -> bool:
+        """Inline, every error is the pulling caller's, as one process's; on the worker, those every rank raised
+        alike (a group timeout) or latched already (a failed rank) go to the pull, the rest fail the rank."""
+        return not in_worker() or isinstance(exc, (GroupTimeout, RuntimeFailed))
+
+    def _version(self) -> int:
+        return self._group_version
+
+    def _batch(self, data: dict[str, torch.Tensor], info: BatchInfo) -> ShardedBatch:
+        rows = info.rows
+        assert isinstance(rows, OwnedRows)
+        return ShardedBatch(data, info, rows.owners)
+
+    def _describe_wait(self, learner: int) -> str:
+        return f"the group's exchange for learner {self.edp.rank}: {self.doing('none running')}"
+
+    # -- the worker runs queued claims only ------------------------------------------------------------
+    def _claim_work(self) -> GroupClaim | None:
+        if not self._queued:
+            return None
+        claim = self._queued.popleft()
+        self._busy[claim.learner] = True
+        return claim
+
+    def _work(self, claim: Claim) -> None:
+        try:
+            super()._work(claim)
+        except (GroupTimeout, RuntimeFailed) as exc:  # passed by _invoke: the waiting pull raises it
+            with self._lock:
+                self._handed = exc
+                self.cond.notify_all()
+
+    def _queue(self, learner: int) -> None:
+        """Claim the next exchange for the worker (caller holds cond)."""
+        self._queued.append(self._claim(learner, handed=False)[0])
+
+    def _pull_staged(self, learner: int, deadline: tuple[float, float]) -> Batch | None:
+        """Overlapped: the next batch the worker staged; the hand-over of the last one queues the next exchange.
+        None if the mode switched to inline meanwhile."""
+        extra = 4 * self.edp.config.timeout_s  # the exchange's wait for rows, then at most four collectives
+        deadline = (deadline[0] + extra, deadline[1] + extra)
+        with self._lock:
+            staged = self.staged[learner]
+            if not staged and not self._busy[learner] and not self._queued and self._handed is None:
+                self._queue(learner)  # nothing drawn ahead (the first pull, a switch): drawn now, on the worker
+                self.cond.notify_all()
+            self._wait(learner, deadline, lambda: bool(staged) or self._handed is not None or not self.mode.overlap,
+                       data=False)
+            if not staged:
+                exc, self._handed = self._handed, None
+                if exc is not None:
+                    raise exc
+                return None
+            item, index = self._pop(learner)
+            if not staged and self.mode.overlap and not self._queued:
+                self._queue(learner)  # woken when the hand-over ends (_hand_over), not in the middle of it
+        return self._hand_over(learner, item, index)
+
+    def quiesce(self, timeout: float | None = None) -> None:
+        """Wait until no queued or running exchange is left: before a collective of the learner's own, a mode
+        switch or close (every rank then issues its collectives in one order). A no-op on the worker itself."""
+        if in_worker():
+            return
+        cfg = self.edp.config
+        with self._lock:
+            claims = [c.timeout for c in self._queued]
+            bound = (timeout if timeout is not None else max(claims, default=cfg.timeout_s)) + 4 * cfg.timeout_s
+            wait_until(self.cond, lambda: not self._queued and not self._working, bound, self.failure,
+                       lambda: f"the overlapped exchange of rank {self.edp.rank} to end: {self.doing('queued')}")
+
+    def _before_switch(self, timeout: float) -> None:
+        self.quiesce(timeout)
+
+    # -- the global draw ------------------------------------------------------------------------------
+    def _gather(self, claim: Claim) -> list[dict[str, torch.Tensor]]:
+        assert isinstance(claim, GroupClaim)
         edp = self.edp
-        deadline = time.monotonic() + timeout
-        W, B = edp.world, edp.config.train_batch_size
+        if in_worker() and edp.device.type == "cuda":
+            torch.cuda.set_device(edp.device)  # a new thread's current device is GPU 0
+        deadline = time.monotonic() + claim.timeout
+        W, B, g = edp.world, edp.config.train_batch_size, len(claim.sizes)
         rate = edp.rate
         while True:
             state = edp.sync(give_up=time.monotonic() > deadline)
@@ -208,7 +241,7 @@ class ReplayShare:
                 wanted = (f"the group's sample/insert ratio to admit {W * g * B} rows ({rate.limiter.describe()})"
                           if rate is not None and size >= edp.config.sample_min
                           else f"{edp.config.sample_min} rows over the group")
-                raise GroupTimeout(f"timed out after {timeout:.3g}s waiting for {wanted} "
+                raise GroupTimeout(f"timed out after {claim.timeout:.3g}s waiting for {wanted} "
                                    f"(shards hold {state[:, ROWS].astype(int).tolist()})")
             time.sleep(0.01)
         if rate is not None:
@@ -223,7 +256,7 @@ class ReplayShare:
         send_sizes = blocks(layout, per[:, :, edp.rank])
         recv_sizes = blocks(layout, per[edp.rank].T)
         send = torch.empty(sum(send_sizes), dtype=torch.uint8)
-        buf = edp.shard.buffer
+        buffer = edp.shard.buffer  # this path's own draws, as one process's path draws from its buffer
         low = float(state[:, MIN].min())
         at = 0
         for r in range(W):
@@ -232,7 +265,7 @@ class ReplayShare:
                 if not n:
                     continue
                 views = layout.views(send, at, n)
-                sampled = buf.sample(n, out={f: views[f] for f in edp.spec.names})
+                sampled = buffer.sample(n, out={f: views[f] for f in edp.spec.names})
                 put(views, sampled.data)
                 views[META_SLOT].copy_(torch.from_numpy(sampled.rows.indices))
                 views[META_ID].copy_(torch.from_numpy(sampled.rows.ids))
@@ -241,34 +274,99 @@ class ReplayShare:
                     views[META_WEIGHT].copy_(torch.from_numpy(smp.global_weights(sampled.leaves, low, sampled.beta)))
                 at += layout.block_bytes(n)
         recv = edp.group.exchange(send, send_sizes, recv_sizes, "pull (sampled rows)").cpu()
-        version = int(state[:, INSERTED].sum())
-        parts: list[list[tuple[int, dict[str, torch.Tensor]]]] = [[] for _ in range(g)]
+        claim.buffer_version = self._group_version = int(state[:, INSERTED].sum())
+        pieces: list[list[tuple[int, dict[str, torch.Tensor]]]] = [[] for _ in range(g)]
         at = 0
         for s in range(W):
             for k in range(g):
                 n = int(per[edp.rank, k, s])
                 if n:
-                    parts[k].append((s, layout.views(recv, at, n)))
+                    pieces[k].append((s, layout.views(recv, at, n)))
                     at += layout.block_bytes(n)
-        out = []
+        parts = []
         for k in range(g):
-            cols = {f: _cat([v[f] for _, v in parts[k]]) for f, _, _ in layout.fields}
-            owners = np.concatenate([np.full(int(v[META_SLOT].shape[0]), s, dtype=np.int64) for s, v in parts[k]])
-            rows = DrawnRows(cols.pop(META_SLOT).numpy(), cols.pop(META_ID).numpy())
-            weights = cols.pop(META_WEIGHT).numpy() if prioritized else None
-            info = self._info(rows, weights, version, Mode(overlap, Fraction(g)))
-            data = edp.deliver({f: t.to(edp.device, non_blocking=True) for f, t in cols.items()}, info)
-            out.append(ShardedBatch(data, info, owners))
-        self.exchanges += 1
-        return out
+            cols = {f: _cat([v[f] for _, v in pieces[k]]) for f, _, _ in layout.fields}
+            owners = np.concatenate([np.full(int(v[META_SLOT].shape[0]), s, dtype=np.int64) for s, v in pieces[k]])
+            claim.rows.append(OwnedRows(cols.pop(META_SLOT).numpy(), cols.pop(META_ID).numpy(), owners))
+            claim.weights.append(cols.pop(META_WEIGHT).numpy() if prioritized else None)
+            parts.append(cols)
+        return parts
 
-    def _info(self, rows: DrawnRows, weights: np.ndarray | None, version: int, mode: Mode) -> BatchInfo:
-        edp = self.edp
-        return BatchInfo(
-            learner=edp.rank, pull_index=self.pulls, sampled_at_pull=self.pulls, buffer_version=version,
-            iteration=self.exchanges, epoch=None, minibatch=None, num_minibatches=None, last=False,
-            rows=rows, weights=weights, mode=mode, version_at_delivery=version,
-        )
+
+def make_delivery(edp: DistributedConduit) -> GroupDelivery:
+    """Global sampling's delivery path (``edp.delivery``): the core's, with the global draw as its row source,
+    made at the first pull with the registered delivery hook (the hooks freeze there)."""
+    edp.registry.freeze("the group has delivered; register hooks before the first push/pull")
+    spec = edp.registry.get(HookKind.DELIVERY)
+    mode = edp.delivery_mode
+    path = GroupDelivery(edp, Mode(mode.overlap, Fraction(mode.g)), spec.fn if spec else None)
+    path.start()
+    edp.group.before_call = path.quiesce  # a collective of the learner's thread waits for a queued exchange
+    edp.delivery = path
+    return path
+
+
+def pull_global(edp: DistributedConduit, timeout: float) -> ShardedBatch:
+    """Global sampling: the planner's tick (``plan="auto"``), then a pull of the group's delivery path."""
+    path = edp.delivery or make_delivery(edp)
+    if edp.planner is not None:
+        plan_pull(edp, path, edp.planner)
+    path.pull_timeout = timeout
+    return path.pull(0, timeout)  # type: ignore[return-value]
+
+
+def pull_local(edp: DistributedConduit, timeout: float) -> ShardedBatch:
+    """Local sampling: this rank's shard's own delivery path (the core's draw, hook, batch memory and schedule;
+    the shard starts sampling at its share of ``min_size_to_sample``)."""
+    assert edp.shard is not None and edp.shard.buffer is not None
+    if edp.shard.buffer.rows < edp.local_sample_min():
+        raise SemanticsError(f"rank {edp.rank}'s shard holds {edp.shard.buffer.rows} rows: too few to sample "
+                             "(local mode)")
+    b = edp.shard.pull(timeout=timeout)
+    info = b.info._replace(learner=edp.rank)
+    return ShardedBatch(dict(b.items()), info, np.full(len(info.rows), edp.rank, dtype=np.int64))
+
+
+def planned(edp: DistributedConduit, auto: bool) -> tuple[DeliveryMode, LivePlanner[DeliveryMode] | None]:
+    """The rank's delivery mode under the config's prior (pinned knobs, else overlapped for GPU learners,
+    ``g = 1``), and with ``auto`` (global sampling only) the planner that probes every mode first."""
+    cfg = edp.config
+    prior = cfg.default_schedule().delivery
+    # rows on NCCL: an exchange on the worker beside the learner's own NCCL collectives (DDP) could meet them
+    # in a different order on different ranks, which NCCL may deadlock on: overlapped only where pinned
+    lone = edp.group.rows_backend == "nccl" and cfg.pinned.delivery_overlap is None
+    modes = tuple(m for m in candidates(cfg) if not (lone and m.overlap))
+    rate = cfg.rate_limit
+    if rate is not None:
+        # the ratio admits at most a band's width of samples at once; a refused draw raises on the learner's
+        # thread (block=False), never on the worker, where it would be a failure of the rank
+        fits = [m for m in modes if edp.world * m.g * cfg.train_batch_size <= rate.tolerance
+                and (rate.block or not m.overlap)]
+        modes = tuple(fits)  # never empty: validate_rate refused a pinned mode that does not fit
+        lone = lone or not rate.block
+    planner = group_planner(modes) if auto and edp.sampling.value == "global" else None
+    return DeliveryMode(bool(prior.overlap) and not lone, int(prior.granularity)), planner
+
+
+def plan_pull(edp: DistributedConduit, path: GroupDelivery, planner: LivePlanner[DeliveryMode]) -> None:
+    """``plan="auto"``, at the start of each pull: tick the planner; at the pulls where it asks, gather the
+    group's windows (collective, at the same pull on every rank) to decide or to check the plan; switch the
+    path to this pull's mode."""
+    mode = planner.tick(time.perf_counter())
+    if planner.checking:
+        got = edp.group.gather(torch.from_numpy(planner.watched.copy()), "plan (drift check)")
+        if planner.recheck(got.numpy().reshape(edp.world, -1), time.perf_counter()):
+            if edp.rank == 0:
+                log.info("conduit.distributed: re-planning delivery: %s", planner.replans[-1])
+            mode = planner.tick(time.perf_counter())  # the probe's first pull
+    if planner.deciding:
+        shape = planner.times.shape
+        got = edp.group.gather(torch.from_numpy(planner.times.reshape(-1).copy()), "plan (probe windows)")
+        mode = planner.decide(got.numpy().reshape(edp.world, *shape))
+        if edp.rank == 0:
+            log.info("conduit.distributed: delivery plan %s (%s)", mode,
+                     ", ".join(f"{r['mode']} {float(r['median_s']) * 1e3:.3f} ms/pull" for r in planner.report()))
+    path.set_mode(Mode(mode.overlap, Fraction(mode.g)))
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -286,10 +384,13 @@ def shard_mass(buf: Any, cfg: ConduitConfig) -> tuple[float, float]:
 def shard_config(
     cfg: ConduitConfig, capacity: int, rank: int, device: str, sample_min: int | None = None
 ) -> ConduitConfig:
-    """The config of one rank's shard: its capacity, one learner, delivery inline (a global draw is this module's;
-    local sampling pulls through the shard's own delivery path, from ``sample_min`` rows: its share)."""
+    """The config of one rank's shard: its capacity, one learner. Local sampling (``sample_min``: its share of
+    ``min_size_to_sample``) pulls through the shard's own delivery path, scheduled as the config says; under
+    global sampling the group's path draws (:class:`GroupDelivery`) and the shard's delivers nothing."""
     d = cfg.model_dump()
-    pinned = {**d["pinned"], "delivery_overlap": False, "delivery_granularity": "1"}
+    pinned = dict(d["pinned"])
+    if sample_min is None:
+        pinned.update(delivery_overlap=False, delivery_granularity="1")
     d.update(rate_limit=None)  # the group's ratio is the runtime's (:mod:`conduit.distributed.ratelimit`)
     # no explicit ring of batches: local sampling pulls g batches an exchange before the learner takes one, so a
     # ring of batch_pool would be overwritten under them (recycled memory is reused only once a batch is dropped)

@@ -62,7 +62,6 @@ import math
 import threading
 import zlib
 from collections.abc import Iterator, Mapping
-from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +69,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from conduit.batch import Batch, BatchInfo
+from conduit.batch import Batch
 from conduit.config import ConduitConfig
 from conduit.core import Policy
 from conduit.distributed import sampling as smp
@@ -86,16 +85,17 @@ from conduit.distributed.replay import (
     SINCE,
     SPEC,
     WANT,
-    ReplayShare,
+    GroupDelivery,
     ShardedBatch,
+    planned,
+    pull_global,
+    pull_local,
     shard_config,
     shard_mass,
 )
 from conduit.distributed.shards import shard_storage
 from conduit.errors import ConfigError, SemanticsError, SpecError
-from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, HookKind, HookRegistry
-from conduit.operators import HookOperator
-from conduit.paths.hooked import hooked
+from conduit.hooks import HookKind, HookRegistry
 from conduit.runtime import Conduit
 from conduit.scheduling.planner import DeliveryMode
 from conduit.spec import Data, ExperienceSpec, as_tensors, batch_size_of, rows_of
@@ -150,7 +150,6 @@ class DistributedConduit:
         self.group = RankGroup(cfg.timeout_s, group)
         self.rank, self.world = self.group.rank, self.group.world
         self.registry = registry or HookRegistry()
-        self._delivery_hook: list[HookOperator] | None = None  # made at the first batch ([]: none registered)
         self.spec_declared = spec
         devices = cfg.learner_devices
         device = torch.device(devices[self.rank] if len(devices) == self.world else devices[0])
@@ -191,14 +190,16 @@ class DistributedConduit:
                                     gpu_sharers=self.device_sharers)
             self.shard: Conduit | None = Conduit(shard_cfg, spec=spec, registry=self.registry, storage=storage)
             self.on_policy = None
-            self.replay: ReplayShare | None = ReplayShare.planned(self, plan == "auto")
+            #: global sampling's delivery path, made at the first pull (the hooks are frozen there)
+            self.delivery: GroupDelivery | None = None
+            self._mode, self.planner = planned(self, plan == "auto")
         else:
             from conduit.distributed.onpolicy import OnPolicyShare
 
             self.capacities = (0,) * self.world
             self.shard = None
             self.on_policy = OnPolicyShare(self)
-            self.replay = None
+            self.delivery, self.planner = None, None
 
     # -- hooks -----------------------------------------------------------------------------
     def register_ingestion(self, input: str = "Actor", output: str = "ExperienceBuffer") -> Any:
@@ -294,8 +295,8 @@ class DistributedConduit:
         """Collective: move routed units and queued priority updates to their shards, then exchange every
         shard's state; returns the ``[world, fields]`` matrix of it (live rows, priority mass, ...)."""
         self.start()
-        if self.replay is not None:
-            self.replay.drain()  # an overlapped exchange in flight goes first (a no-op on the lane itself)
+        if self.delivery is not None:
+            self.delivery.quiesce()  # an overlapped exchange queued or running goes first (a no-op on the worker)
         with self._lock:
             outbox, self._outbox = self._outbox, [{"units": [], "priorities": []} for _ in range(self.world)]
             moving = self._outbox_rows
@@ -368,30 +369,27 @@ class DistributedConduit:
         self.group.check()
         if learner is not None and learner != self.rank:
             raise ValueError(f"pull(learner={learner}) on rank {self.rank}: each rank pulls its own batch")
-        if self.replay is None:
+        if self.shard is None:
             raise SemanticsError("on-policy: iterate minibatches(); pull() is off-policy replay")
         self.start()
-        return self.replay.pull(self.config.timeout_s if timeout is None else timeout)
+        t = self.config.timeout_s if timeout is None else timeout
+        return pull_local(self, t) if self.sampling is Sampling.LOCAL else pull_global(self, t)
 
     @property
     def delivery_mode(self) -> DeliveryMode | None:
-        """Off-policy: how exchanges run now (overlapped or inline, ``g`` batches each); on-policy: ``None``."""
-        return self.replay.mode if self.replay is not None else None
+        """Off-policy: how deliveries run now (overlapped or inline, ``g`` batches each); on-policy: ``None``."""
+        if self.shard is None:
+            return None
+        mode = self.delivery.mode if self.delivery is not None else None
+        if self.sampling is Sampling.LOCAL:
+            mode = self.shard.schedule.delivery
+        return self._mode if mode is None else DeliveryMode(bool(mode.overlap), int(mode.granularity))
 
     def delivery_plan(self) -> list[dict[str, Any]]:
         """``plan="auto"``: each candidate's measured seconds per pull and the one chosen (empty before the
         decision, or under ``plan="prior"``)."""
-        planner = self.replay.planner if self.replay is not None else None
+        planner = self.planner
         return planner.report() if planner is not None and planner.chosen is not None else []
-
-    def deliver(self, data: dict[str, torch.Tensor], info: BatchInfo) -> dict[str, torch.Tensor]:
-        """The registered delivery hook over the learner's whole batch, as a delivery path runs it
-        (:func:`conduit.paths.hooked.hooked`: the same operator, made once, when the hooks freeze)."""
-        if self._delivery_hook is None:
-            self.registry.freeze("the group has delivered; register hooks before the first push/pull")
-            spec = self.registry.get(HookKind.DELIVERY)
-            self._delivery_hook = [HookOperator("hook", spec.fn, EXPERIENCE_BUFFER, LEARNER)] if spec else []
-        return hooked(next(iter(self._delivery_hook), None), data, info)
 
     def minibatches(self, *, timeout: float | None = None) -> Iterator[Batch]:
         """On-policy, collective: this learner's part of every mini-batch of the iteration pushed so far."""
@@ -406,10 +404,11 @@ class DistributedConduit:
             self.start()
             assert self.shard.buffer is not None
             return self.shard.buffer.rows >= self.local_sample_min()
-        size = int(self.sync()[:, ROWS].sum())  # (drains an exchange in flight into the drawn-ahead batches)
-        if self.replay is not None and self.replay.ready:
+        size = int(self.sync()[:, ROWS].sum())  # (an exchange queued or running stages its batches first)
+        if self.delivery is not None and self.delivery.staged[0]:
             return True
-        g = self.replay.mode.g if self.replay is not None else 1
+        mode = self.delivery_mode
+        g = mode.g if mode is not None else 1
         draw = self.world * g * self.config.train_batch_size
         return size >= self.config.sample_min and (self.rate is None or self.rate.can_draw(draw, size))
 
@@ -452,8 +451,8 @@ class DistributedConduit:
         """Collective: load a distributed checkpoint saved on any number of ranks (re-sharded where it differs)."""
         from conduit.distributed.checkpoint import restore
 
-        if self.replay is not None:
-            self.replay.drain()
+        if self.delivery is not None:
+            self.delivery.quiesce()
         return restore(self, path)
 
     # -- introspection and lifecycle ---------------------------------------------------------------
@@ -482,9 +481,8 @@ class DistributedConduit:
             self.rate.close()
         for c in self._channels:
             c.close(timeout)
-        pending = self.replay.pending if self.replay is not None else None
-        if pending is not None:  # an overlapped exchange still reading the shard: let it end, bounded
-            futures.wait([pending], timeout)
+        if self.delivery is not None:  # an overlapped exchange still reading the shard: let it end, bounded
+            self.delivery.close(timeout)
         if self.shard is not None:
             self.shard.close(timeout)
         self.group.close()

@@ -54,19 +54,19 @@ def test_global_uniform_sampling_is_one_buffers_distribution(group_runs, world):
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_overlapped_exchanges_keep_one_buffers_distribution_beside_other_collectives(group_runs, world):
-    """Exchanges started ahead on the lane (g=2; and g=1 prioritized), ``stats()`` called while one is in
-    flight: the same distributions, the same weights, exactly once, every batch marked overlapped."""
+    """Exchanges run ahead on the delivery path's worker (g=2; and g=1 prioritized), ``stats()`` called while one
+    is in flight: the same distributions, the same weights, exactly once, every batch marked overlapped."""
     uni = group_runs[world]["uniform_overlapped"]
     _, counts = _seen_counts(uni)
     assert counts.sum() == 40 * workers.BATCH * world
     assert stats.chisquare(counts).pvalue > P_OK
-    assert uni["modes"] == [[False, 2], [True, 2]] and uni["exactly_once"]  # the first exchange: inline
+    assert uni["modes"] == [[True, 2]] and uni["exactly_once"]  # the first exchange too: queued by the first pull
     pri = group_runs[world]["prioritized_overlapped"]
     tids, counts = _seen_counts(pri)
     a, b, eps = workers.ALPHA, workers.BETA, workers.EPS
     p = (workers.prio(np.array(tids)) + eps) ** a
     assert stats.chisquare(counts, counts.sum() * p / p.sum()).pvalue > P_OK
-    assert pri["modes"] == [[True, 1]] and pri["exactly_once"]  # its first, inline exchange was before these
+    assert pri["modes"] == [[True, 1]] and pri["exactly_once"]
     for r in pri["ranks"]:
         for t, w in r["weights"].items():
             assert w == pytest.approx((((workers.prio(int(t)) + eps) / (1 + eps)) ** a) ** -b, rel=1e-5)

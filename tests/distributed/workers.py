@@ -174,7 +174,7 @@ def auto_plan(rank: int, world: int) -> dict[str, Any]:
     edp = cd.Conduit(policy="off_policy", train_batch_size=16, capacity=1000 * world, seed=5, timeout_s=30,
                      plan="auto", g_max=2)
     fill(edp, rank, 200)
-    probe = edp.replay.planner.probe_units
+    probe = edp.planner.probe_units
     modes = []
     for _ in range(probe + 6):
         b = edp.pull()
@@ -191,7 +191,7 @@ def auto_replan(rank: int, world: int) -> dict[str, Any]:
     the probe measured); every rank must probe again from inline, at the same pull."""
     edp = cd.Conduit(policy="off_policy", train_batch_size=16, capacity=1000 * world, seed=6, timeout_s=30,
                      plan="auto", g_max=2)
-    planner = edp.replay.planner = group_planner(edp.replay.planner.keys, windows=2, window=4)
+    planner = edp.planner = group_planner(edp.planner.keys, windows=2, window=4)
     fill(edp, rank, 200)
     for _ in range(planner.probe_units + 1):
         edp.pull()

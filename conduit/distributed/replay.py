@@ -31,6 +31,7 @@ Local sampling has no exchange: a learner pulls from its own shard's delivery pa
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ from conduit.core import Mode, SamplerKind
 from conduit.distributed import sampling as smp
 from conduit.distributed.exchange import META_ID, META_SLOT, META_WEIGHT, RowLayout, blocks, put
 from conduit.errors import ConduitTimeout, RuntimeFailed, SemanticsError
-from conduit.executor import in_worker, wait_until
+from conduit.executor import wait_until
 from conduit.hooks import HookKind
 from conduit.paths.delivery import Claim, DeliveryPath, HookFn, Place
 from conduit.scheduling.planner import DeliveryMode, LivePlanner, candidates, group_planner
@@ -133,6 +134,7 @@ class GroupDelivery(DeliveryPath):
         self._group_version = 0  # transitions the group had ingested at the last draw
         self._queued: deque[GroupClaim] = deque()  # claims a hand-over queued for the worker
         self._handed: BaseException | None = None  # an error every rank raised alike, for the waiting pull
+        self._running = threading.local()  # ``.on``: this thread is running one of the worker's exchanges
         #: the current pull's timeout: the one its draw (inline, or queued at its hand-over) waits within
         self.pull_timeout = edp.config.timeout_s
 
@@ -151,7 +153,10 @@ class GroupDelivery(DeliveryPath):
     def _passes(self, exc: Exception) -> bool:
         """Inline, every error is the pulling caller's, as one process's; on the worker, those every rank raised
         alike (a group timeout) or latched already (a failed rank) go to the pull, the rest fail the rank."""
-        return not in_worker() or isinstance(exc, (GroupTimeout, RuntimeFailed))
+        return not self._on_worker() or isinstance(exc, (GroupTimeout, RuntimeFailed))
+
+    def _on_worker(self) -> bool:
+        return getattr(self._running, "on", False)
 
     def _version(self) -> int:
         return self._group_version
@@ -173,12 +178,15 @@ class GroupDelivery(DeliveryPath):
         return claim
 
     def _work(self, claim: Claim) -> None:
+        self._running.on = True
         try:
             super()._work(claim)
         except (GroupTimeout, RuntimeFailed) as exc:  # passed by _invoke: the waiting pull raises it
             with self._lock:
                 self._handed = exc
                 self.cond.notify_all()
+        finally:
+            self._running.on = False
 
     def _queue(self, learner: int) -> None:
         """Claim the next exchange for the worker (caller holds cond)."""
@@ -209,7 +217,7 @@ class GroupDelivery(DeliveryPath):
     def quiesce(self, timeout: float | None = None) -> None:
         """Wait until no queued or running exchange is left: before a collective of the learner's own, a mode
         switch or close (every rank then issues its collectives in one order). A no-op on the worker itself."""
-        if in_worker():
+        if self._on_worker():
             return
         cfg = self.edp.config
         with self._lock:
@@ -225,7 +233,7 @@ class GroupDelivery(DeliveryPath):
     def _gather(self, claim: Claim) -> list[dict[str, torch.Tensor]]:
         assert isinstance(claim, GroupClaim)
         edp = self.edp
-        if in_worker() and edp.device.type == "cuda":
+        if self._on_worker() and edp.device.type == "cuda":
             torch.cuda.set_device(edp.device)  # a new thread's current device is GPU 0
         deadline = time.monotonic() + claim.timeout
         W, B, g = edp.world, edp.config.train_batch_size, len(claim.sizes)

@@ -175,6 +175,8 @@ def delivery_hooks(rank: int, world: int) -> dict[str, Any]:
             extra = {"seen_ids": torch.as_tensor(np.asarray(ids, dtype=np.int64))}
             if case != "facts_on_policy":
                 extra["seen_w"] = torch.as_tensor(np.asarray(info["weights"], dtype=np.float64))
+            if case == "facts":  # the global draw: the rank holding each row too
+                extra["seen_owners"] = torch.as_tensor(np.asarray(info["owners"], dtype=np.int64))
             learn_out.write({**data, **extra})
 
         res: dict[str, Any] = {}
@@ -185,6 +187,8 @@ def delivery_hooks(rank: int, world: int) -> dict[str, Any]:
             res["ids_seen"] = batch["seen_ids"].tolist() == batch.info.ids.tolist()
             if case in ("facts", "facts_local"):
                 res["weights_seen"] = bool(np.array_equal(batch["seen_w"].numpy(), batch.info.weights))
+            if case == "facts":
+                res["owners_seen"] = bool(np.array_equal(batch["seen_owners"].numpy(), batch.owners))
         except Exception as e:
             res["error"] = f"{type(e).__name__}: {e}"
         edp.close()

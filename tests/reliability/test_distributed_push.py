@@ -90,15 +90,16 @@ def test_a_bad_push_raises_at_the_push_with_an_ingestion_hook_and_on_policy(worl
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_a_delivery_hook_across_ranks_runs_as_one_processs_does(worlds, world):
-    """The hook reads its batch's facts (global importance weights, slots and ids; local sampling: the shard's own
-    delivery path's; on-policy the mini-batch's rows); dropping a row or failing raises on every rank, as a
-    single-process delivery path does."""
+    """The hook reads its batch's facts (global importance weights, slots, ids and the ranks holding the rows; local
+    sampling: the shard's own delivery path's; on-policy the mini-batch's rows); dropping a row or failing raises
+    on every rank, as a single-process delivery path does."""
     cases = worlds[world]["delivery_hooks"]
     for case in ("facts", "facts_local", "facts_on_policy"):
         for r, res in enumerate(cases[case]):
             assert "error" not in res, (case, r, res)
             assert res["ids_seen"], (case, r)
             assert res.get("weights_seen", True), (case, r)
+            assert res.get("owners_seen", case != "facts"), (case, r)
     for r, res in enumerate(cases["pool_local"]):  # local sampling: g batches drawn before any is handed out
         assert res == {"rows_match": True}, (r, res)
     for r, res in enumerate(cases["drops"]):

@@ -294,9 +294,8 @@ def test_the_code_cites_the_projects_own_design_page_and_its_sections_exist():
 
 #: the runtime's one face to a buffer (``push``/``flush``/``pull``/``minibatches`` are the runtime's own)
 BUFFER_FACE = {"update_priorities", "state_dict", "load_state_dict"}
-#: the buffer's side doors still called from outside the runtime, each to close (issue "one data plane", item 2):
-#: the priority mass every rank's sync reports, for the global draw's request matrix
-BUFFER_SIDE_DOORS = {("conduit/distributed/replay.py", "priority_mass")}
+#: the buffer's side doors still called from outside the runtime (none left; a new one must be named here, with why)
+BUFFER_SIDE_DOORS: set[tuple[str, str]] = set()
 
 
 def test_adapters_and_the_sharded_runtime_reach_a_buffer_only_through_its_face():

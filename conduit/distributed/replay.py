@@ -61,7 +61,7 @@ DistributedConduit = Any
 __all__ = [
     "GIVE_UP", "HEAD", "INSERTED", "MASS", "MIN", "PUSHED", "ROWS", "SINCE", "SPEC", "WANT", "GroupClaim",
     "GroupDelivery", "GroupTimeout", "OwnedRows", "ShardedBatch", "make_delivery", "plan_pull", "planned",
-    "pull_global", "pull_local", "shard_config", "shard_mass",
+    "pull_global", "pull_local", "shard_config",
 ]
 
 #: the state vector every rank contributes to a sync: these columns, then one outbox size per rank
@@ -165,6 +165,15 @@ class GroupDelivery(DeliveryPath):
         rows = info.rows
         assert isinstance(rows, OwnedRows)
         return ShardedBatch(data, info, rows.owners)
+
+    def shard_mass(self) -> tuple[float, float]:
+        """This shard's total priority mass and smallest non-zero priority (``p^alpha``; 0 and inf without them):
+        what this rank's sync reports for the request matrix of the group's next draw, read by the draw's path."""
+        buffer = self.edp.shard.buffer
+        if buffer is None or self.edp.config.sampler is not SamplerKind.PRIORITIZED or not buffer.rows:
+            return 0.0, float("inf")
+        total, low, _ = buffer.priority_mass()
+        return total, low
 
     def _describe_wait(self, learner: int) -> str:
         return f"the group's exchange for learner {self.edp.rank}: {self.doing('none running')}"
@@ -303,7 +312,7 @@ class GroupDelivery(DeliveryPath):
 
 def make_delivery(edp: DistributedConduit) -> GroupDelivery:
     """Global sampling's delivery path (``edp.delivery``): the core's, with the global draw as its row source,
-    made at the first pull with the registered delivery hook (the hooks freeze there)."""
+    made when the rank starts, with the registered delivery hook (the hooks freeze there)."""
     edp.registry.freeze("the group has delivered; register hooks before the first push/pull")
     spec = edp.registry.get(HookKind.DELIVERY)
     mode = edp.delivery_mode
@@ -379,14 +388,6 @@ def plan_pull(edp: DistributedConduit, path: GroupDelivery, planner: LivePlanner
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-def shard_mass(buf: Any, cfg: ConduitConfig) -> tuple[float, float]:
-    """A prioritized shard's total priority mass and smallest non-zero priority (``p^alpha``)."""
-    if buf is None or cfg.sampler is not SamplerKind.PRIORITIZED or not buf.rows:
-        return 0.0, float("inf")
-    total, low, _ = buf.priority_mass()
-    return total, low
 
 
 def shard_config(

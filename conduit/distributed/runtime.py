@@ -87,11 +87,11 @@ from conduit.distributed.replay import (
     WANT,
     GroupDelivery,
     ShardedBatch,
+    make_delivery,
     planned,
     pull_global,
     pull_local,
     shard_config,
-    shard_mass,
 )
 from conduit.distributed.shards import shard_storage
 from conduit.errors import ConfigError, SemanticsError, SpecError
@@ -214,7 +214,9 @@ class DistributedConduit:
     def start(self) -> DistributedConduit:
         self.group.check()
         if self.shard is not None:
-            self.shard.start()
+            self.shard.start()  # (freezes the hooks: the shard shares this registry)
+            if self.sampling is Sampling.GLOBAL and self.delivery is None:
+                make_delivery(self)
         return self
 
     def push(self, data: Data, *, timeout: float | None = None, copy: bool | None = None) -> None:
@@ -330,7 +332,7 @@ class DistributedConduit:
     def _state_vector(self, give_up: bool, sizes: list[int]) -> torch.Tensor:
         buf = self.shard.buffer if self.shard is not None else None
         rows = float(buf.rows) if buf is not None else 0.0
-        mass, low = shard_mass(buf, self.config)
+        mass, low = self.delivery.shard_mass() if self.delivery is not None else (0.0, float("inf"))
         rate = self.rate.snapshot() if self.rate is not None else (0, 0, 0)
         head = [rows, mass, low, self.spec_key(), float(buf.inserted if buf else 0), float(give_up), *map(float, rate)]
         return torch.tensor(head + [float(s) for s in sizes], dtype=torch.float64)

@@ -194,6 +194,16 @@ def test_save_on_four_ranks_restores_on_two_and_continues(group_runs):
     assert res["max_weight"] <= 1.0 + 1e-6
 
 
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_timeout_every_rank_reached_goes_to_the_overlapped_pull_and_the_group_goes_on(group_runs, world):
+    """The exchange runs on the path's worker; its ``GroupTimeout`` is the waiting pull's to raise, on every rank,
+    not a failure latched on the rank: the next pulls, and a collective of the learner's own, are served."""
+    for r, res in enumerate(group_runs[world]["group_timeout"]):
+        assert res["first"] == "GroupTimeout", (r, res)
+        assert res["waited_s"] < 20, (r, res)  # the pull's 0.5 s and the group's give-up, not the 30 s timeout
+        assert res["then"] == [True, True, True] and res["stats_rows"] == 64 * world, (r, res)
+
+
 @pytest.mark.parametrize("how", ["kill", "stop"])
 def test_a_rank_killed_or_stalled_makes_the_others_raise_naming_it(tmp_path: Path, how: str):
     """SIGKILL: the process is gone. SIGSTOP: alive but silent, the others' exchanges overlapped on their lanes."""

@@ -186,6 +186,31 @@ def auto_plan(rank: int, world: int) -> dict[str, Any]:
     return {"ranks": every, "probe_pulls": probe}
 
 
+def group_timeout(rank: int, world: int) -> dict[str, Any]:
+    """Overlapped, nothing pushed anywhere: the exchange the pull queued gives up on every rank alike, and the
+    pull raises ``GroupTimeout`` (the group is still in step, nothing latched); rows pushed, the next pulls and a
+    collective of the learner's own go on."""
+    edp = cd.Conduit(policy="off_policy", train_batch_size=8, capacity=1000 * world, seed=4, timeout_s=30,
+                     pinned={"delivery_overlap": True})
+    out: dict[str, Any] = {}
+    t0 = time.monotonic()
+    try:
+        edp.pull(timeout=0.5)
+        out["first"] = "served"
+    except Exception as e:
+        out["first"] = type(e).__name__
+    out["waited_s"] = time.monotonic() - t0
+    fill(edp, rank, 64)
+    try:
+        batches = [edp.pull() for _ in range(3)]
+        out["then"] = [bool(b.info.mode.overlap) for b in batches]
+        out["stats_rows"] = sum(edp.stats().shard_rows)
+    except Exception as e:
+        out["then"] = f"{type(e).__name__}: {e}"
+    edp.close()
+    return promises.edp_gather(rank, world, out)
+
+
 def auto_replan(rank: int, world: int) -> dict[str, Any]:
     """``plan="auto"`` watched: once the plan is kept, the learner's compute grows to 50 ms a pull (some 25x what
     the probe measured); every rank must probe again from inline, at the same pull."""
@@ -343,6 +368,7 @@ def scenarios(rank: int, world: int, port: int, out: str, ck: str, mode: str) ->
     res["prioritized_overlapped"] = distribution(rank, world, "prioritized", "global", 40, overlap=True)
     res["auto_plan"] = auto_plan(rank, world)
     res["auto_replan"] = auto_replan(rank, world)
+    res["group_timeout"] = group_timeout(rank, world)
     res["rate_limited"] = rate_limited(rank, world, f"{ck}-rate{world}")
     res["on_policy"] = on_policy(rank, world)
     res["push_checks"] = promises.push_checks(rank, world)

@@ -9,7 +9,9 @@ exchange their row counts, and every rank computes the same plan
 ``M`` mini-batches, each split into one disjoint part per learner. Per epoch one
 ``all_to_all`` moves each learner's rows to it, laid out as in
 :mod:`conduit.distributed.exchange`; the learner's mini-batch parts are then views
-of what it received, in plan order.
+of what it received, in plan order. A part leaves by the core's delivery path
+(:class:`GroupMinibatches`: one part an invocation, the epoch's exchange its row
+source), so the delivery hook, ``BatchInfo`` and the pull's checks are one process's.
 
 Every learner must iterate every mini-batch of an iteration (the exchanges are
 collective); one that stops early leaves the others to time out, naming it.
@@ -19,25 +21,27 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 import torch
 
-from conduit.batch import Batch, BatchInfo, DrawnRows
+from conduit.batch import Batch, DrawnRows
 from conduit.core import Mode
 from conduit.distributed.exchange import RowLayout
 from conduit.distributed.sampling import on_policy_plan
 from conduit.errors import SemanticsError
-from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, HookKind, Reader, Writer
-from conduit.operators import HookOperator
-from conduit.paths.hooked import hooked
+from conduit.hooks import HookKind, Reader, Writer
+from conduit.paths.delivery import Claim, DeliveryPath, HookFn
+from conduit.paths.minibatch import MinibatchClaim
 from conduit.spec import Data, ExperienceSpec, rows_of
+from conduit.trace import global_tracer
 
 #: the rank's :class:`~conduit.distributed.runtime.DistributedConduit` (not imported: it imports this module)
 DistributedConduit = Any
 
-__all__ = ["OnPolicyShare"]
+__all__ = ["GroupMinibatches", "OnPolicyShare"]
 
 
 class OnPolicyShare:
@@ -49,19 +53,8 @@ class OnPolicyShare:
         self._lock = threading.Lock()
         self._units: list[dict[str, torch.Tensor]] = []
         self.iteration = 0
-        self.pulls = 0
         self.pushed_rows = 0
-        self._hook: list[HookOperator] | None = None  # made at the first mini-batch ([]: none registered)
-
-    def deliver(self, data: dict[str, torch.Tensor], info: BatchInfo) -> dict[str, torch.Tensor]:
-        """The registered delivery hook over this learner's part, as a delivery path runs it
-        (:func:`conduit.paths.hooked.hooked`: the same operator, made once, when the hooks freeze)."""
-        if self._hook is None:
-            registry = self.owner.registry
-            registry.freeze("the group has delivered; register hooks before the first push/pull")
-            spec = registry.get(HookKind.DELIVERY)
-            self._hook = [HookOperator("hook", spec.fn, EXPERIENCE_BUFFER, LEARNER)] if spec else []
-        return hooked(next(iter(self._hook), None), data, info)
+        self.path: GroupMinibatches | None = None  # made at the first iteration
 
     def push(self, data: Data) -> None:
         """Run the ingestion hook and keep what it writes for the open iteration (all-or-nothing), every unit
@@ -93,10 +86,10 @@ class OnPolicyShare:
         return {k: torch.cat([u[k] for u in units]) for k in units[0]}
 
     def minibatches(self) -> Iterator[Batch]:
-        """Collective: this learner's part of every mini-batch of every epoch of the iteration pushed so far."""
+        """Collective: this learner's part of every mini-batch of every epoch of the iteration pushed so far,
+        pulled through the rank's delivery path (:class:`GroupMinibatches`)."""
         owner, group = self.owner, self.owner.group
         group.check()
-        cfg = owner.config
         store = self._seal()
         n_local = int(next(iter(store.values())).shape[0]) if store else 0
         key = float(owner.spec_key())
@@ -110,52 +103,20 @@ class OnPolicyShare:
         assert self.spec is not None
         if not store:
             store = {f.name: torch.empty((0, *f.shape), dtype=f.dtype) for f in self.spec}
-        layout = RowLayout.of(self.spec)
-        W, me, M, E = group.world, group.rank, cfg.num_minibatches, cfg.num_epochs
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        iteration = self.iteration
+        path = self._path()
+        path.begin(self.iteration, store, counts)
         self.iteration += 1
-        for epoch in range(E):
-            plan = on_policy_plan(owner.shared_rng, counts.tolist(), M, W, epoch)
-            # what this rank sends each learner: its rows of that learner's parts, in plan order
-            want = [np.concatenate([p.local[p.owners == me] for p in plan[r]]) for r in range(W)]
-            mine = plan[me]
-            owners = np.concatenate([p.owners for p in mine])
-            local = np.concatenate([p.local for p in mine])
-            send_sizes = [layout.block_bytes(len(w)) for w in want]
-            recv_sizes = [layout.block_bytes(int((owners == s).sum())) for s in range(W)]
-            send = torch.empty(sum(send_sizes), dtype=torch.uint8)
-            at = 0
-            for r in range(W):
-                if len(want[r]):
-                    idx = torch.from_numpy(want[r])
-                    for f, view in layout.views(send, at, len(want[r])).items():
-                        torch.index_select(store[f], 0, idx, out=view)
-                at += send_sizes[r]
-            recv = group.exchange(send, send_sizes, recv_sizes, f"minibatches (epoch {epoch} rows)").cpu()
-            rows = {f.name: torch.empty((len(owners), *f.shape), dtype=f.dtype) for f in self.spec}
-            at = 0
-            for s in range(W):
-                pos = torch.from_numpy(np.flatnonzero(owners == s))
-                if len(pos):
-                    for f, view in layout.views(recv, at, len(pos)).items():
-                        rows[f].index_copy_(0, pos, view)
-                at += recv_sizes[s]
-            global_pos = starts[owners] + local
-            off = 0
-            for p in mine:
-                n = len(p.owners)
-                data = {f: t[off : off + n].to(owner.device, non_blocking=True) for f, t in rows.items()}
-                ids = global_pos[off : off + n]
-                info = BatchInfo(
-                    learner=me, pull_index=self.pulls, sampled_at_pull=self.pulls, buffer_version=int(counts.sum()),
-                    iteration=iteration, epoch=epoch, minibatch=p.minibatch, num_minibatches=M,
-                    last=epoch == E - 1 and p.minibatch == M - 1, rows=DrawnRows(ids.copy(), ids.copy()),
-                    weights=None, mode=Mode(False, 1), version_at_delivery=int(counts.sum()),
-                )
-                off += n
-                self.pulls += 1
-                yield Batch(self.deliver(data, info), info)
+        for _ in range(path.per_iteration):
+            yield path.pull(0)
+
+    def _path(self) -> GroupMinibatches:
+        """The rank's on-policy delivery path, made at the first iteration with the registered delivery hook."""
+        if self.path is None:
+            registry = self.owner.registry
+            registry.freeze("the group has delivered; register hooks before the first push/pull")
+            spec = registry.get(HookKind.DELIVERY)
+            self.path = GroupMinibatches(self.owner, spec.fn if spec else None)
+        return self.path
 
     def state_dict(self) -> dict[str, object]:
         """The open iteration's rows (a checkpoint keeps what was pushed and not yet trained on)."""
@@ -171,3 +132,97 @@ class OnPolicyShare:
                 if self.spec is None:
                     self.spec = ExperienceSpec.infer(rows)
                 self._units.append(dict(rows))
+
+
+class GroupMinibatches(DeliveryPath):
+    """A rank's on-policy delivery: the core's delivery path, one mini-batch part an invocation, whose row source
+    is the iteration's exchange -- per epoch one ``all_to_all`` (at the epoch's first part) moves each learner's
+    rows to it, in the order of the plan every rank computes alike (module docstring)."""
+
+    def __init__(self, owner: DistributedConduit, hook: HookFn | None) -> None:
+        cfg = owner.config
+        super().__init__(buffer=None, mode=Mode(False, Fraction(1, cfg.num_minibatches)),  # type: ignore[arg-type]
+                         hook=hook, tracer=global_tracer(), failure=owner.group.failure, timeout=cfg.timeout_s,
+                         learner_devices=[owner.device], recycle_batches=False)
+        self.owner = owner
+        self.m = cfg.num_minibatches
+        self.per_iteration = cfg.num_minibatches * cfg.num_epochs
+        self._iteration = -1
+        self._next = self.per_iteration  # the next flat position (epoch * M + mini-batch); none until begin()
+        self._store: dict[str, torch.Tensor] = {}
+        self._counts = np.zeros(1, dtype=np.int64)
+        self._plan: list[list[Any]] = []  # the open epoch's parts, per learner
+        self._rows: dict[str, torch.Tensor] = {}  # this learner's rows of the open epoch, in plan order
+        self._positions = np.zeros(0, dtype=np.int64)  # and their positions in the iteration
+
+    def begin(self, iteration: int, store: dict[str, torch.Tensor], counts: np.ndarray) -> None:
+        """Open ``iteration``: this rank's sealed rows and every rank's row count (the collective's)."""
+        self._iteration, self._next, self._store, self._counts = iteration, 0, store, counts
+
+    def _ready(self, learner: int, rows: int = 0) -> bool:
+        return self._next < self.per_iteration  # an iteration is open from its collective on
+
+    def _describe_wait(self, learner: int) -> str:
+        return f"an open iteration on rank {self.owner.rank}: call minibatches() for the next one"
+
+    def _version(self) -> int:
+        return int(self._counts.sum())
+
+    def _begin(self, learner: int, sampled_at_pull: int, handed: bool, rows: int = 0) -> MinibatchClaim:
+        pos = self._next
+        self._next += 1
+        if pos % self.m == 0:  # an epoch's first part: its plan, from the generator every rank advances alike
+            group = self.owner.group
+            self._plan = on_policy_plan(self.owner.shared_rng, self._counts.tolist(), self.m, group.world,
+                                        pos // self.m)
+        size = len(self._plan[self.owner.group.rank][pos % self.m].owners)
+        return MinibatchClaim(learner, sampled_at_pull, self.mode, [size], iteration=self._iteration,
+                              positions=[pos], num_minibatches=self.m, per_iteration=self.per_iteration)
+
+    def _gather(self, claim: Claim) -> list[dict[str, torch.Tensor]]:
+        assert isinstance(claim, MinibatchClaim)
+        pos = claim.positions[0]
+        k = pos % self.m
+        if k == 0:
+            self._exchange(pos // self.m)
+        mine = self._plan[self.owner.group.rank]
+        off = sum(len(p.owners) for p in mine[:k])
+        n = len(mine[k].owners)
+        ids = self._positions[off : off + n]
+        claim.rows = [DrawnRows(ids.copy(), ids.copy())]
+        claim.buffer_version = self._version()
+        return [{f: t[off : off + n] for f, t in self._rows.items()}]
+
+    def _exchange(self, epoch: int) -> None:
+        """Collective: this learner's rows of every part of ``epoch``, in plan order, and their positions in the
+        iteration (rank by rank, each rank's rows in push order)."""
+        owner, group, store, plan = self.owner, self.owner.group, self._store, self._plan
+        spec = owner.on_policy.spec
+        layout = RowLayout.of(spec)
+        W, me = group.world, group.rank
+        # what this rank sends each learner: its rows of that learner's parts, in plan order
+        want = [np.concatenate([p.local[p.owners == me] for p in plan[r]]) for r in range(W)]
+        mine = plan[me]
+        owners = np.concatenate([p.owners for p in mine])
+        local = np.concatenate([p.local for p in mine])
+        send_sizes = [layout.block_bytes(len(w)) for w in want]
+        recv_sizes = [layout.block_bytes(int((owners == s).sum())) for s in range(W)]
+        send = torch.empty(sum(send_sizes), dtype=torch.uint8)
+        at = 0
+        for r in range(W):
+            if len(want[r]):
+                idx = torch.from_numpy(want[r])
+                for f, view in layout.views(send, at, len(want[r])).items():
+                    torch.index_select(store[f], 0, idx, out=view)
+            at += send_sizes[r]
+        recv = group.exchange(send, send_sizes, recv_sizes, f"minibatches (epoch {epoch} rows)").cpu()
+        rows = {f.name: torch.empty((len(owners), *f.shape), dtype=f.dtype) for f in spec}
+        at = 0
+        for s in range(W):
+            pos = torch.from_numpy(np.flatnonzero(owners == s))
+            if len(pos):
+                for f, view in layout.views(recv, at, len(pos)).items():
+                    rows[f].index_copy_(0, pos, view)
+            at += recv_sizes[s]
+        starts = np.concatenate([[0], np.cumsum(self._counts)[:-1]])
+        self._rows, self._positions = rows, starts[owners] + local

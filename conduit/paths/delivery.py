@@ -37,14 +37,13 @@ import torch
 from conduit.batch import Batch, BatchInfo
 from conduit.buffers.base import ExperienceBuffer
 from conduit.core import Mode
-from conduit.errors import ConduitTimeout, SemanticsError
+from conduit.errors import ConduitError, ConduitTimeout, SemanticsError
 from conduit.executor import POLL_S, FailureBox, StreamSet, fail, handoff
 from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, Reader, Writer
 from conduit.memory import BatchMemory
 from conduit.operators import FnOperator, HookOperator, Operator, OperatorKind, Packet, concat
 from conduit.paths.base import DataPath
 from conduit.paths.claims import Claim, DeliveryStats, Place, Staged
-from conduit.paths.hooked import kept_rows
 from conduit.trace import Tracer
 
 __all__ = ["Claim", "DeliveryPath", "DeliveryStats", "HookFn", "Place", "Staged"]
@@ -237,7 +236,7 @@ class DeliveryPath(DataPath):
         if len(parts) == len(sizes) and all(next(iter(p.values())).shape[0] == s for p, s in zip(parts, sizes)):
             return packet
         whole = concat(parts)
-        kept_rows(whole, sizes)
+        _kept_rows(whole, sizes)
         chunks = {k: torch.split(v, sizes) for k, v in whole.items()}
         packet.parts = [{k: c[i] for k, c in chunks.items()} for i in range(len(sizes))]
         return packet
@@ -467,3 +466,13 @@ class DeliveryPath(DataPath):
                 for item in items:
                     data = {k: v.to(self.devices[learner]) for k, v in item["data"].items()}
                     self.staged[learner].append(Staged(data, BatchInfo.from_state_dict(item["info"]), None))
+
+
+def _kept_rows(whole: dict[str, torch.Tensor], sizes: Sequence[int]) -> None:
+    """A delivery hook keeps one output row per input row (the batches' sizes and provenance depend on it)."""
+    rows = next(iter(whole.values())).shape[0] if whole else 0
+    if rows != sum(sizes):
+        raise ConduitError(
+            f"the delivery hook wrote {rows} rows but this invocation delivers {sum(sizes)} "
+            f"(batches of {sizes}); a delivery hook must keep one output row per input row"
+        )

@@ -68,6 +68,7 @@ from conduit.records import (
     is_numeric_leaf,
     is_record,
     stack_rows,
+    stack_time_major,
     unify_records,
 )
 from conduit.reuse import Reusable, ReuseQueue
@@ -121,6 +122,7 @@ __all__ = [
     "measure_interleaved",
     "slots_in_order",
     "stack_rows",
+    "stack_time_major",
     "stored_in_order",
     "summary_table",
     "unify_records",

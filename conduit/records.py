@@ -32,7 +32,7 @@ from conduit import SpecError
 
 __all__ = [
     "RecordLayout", "as_row", "build_record", "conform_record", "flatten_record", "is_numeric_leaf", "is_record",
-    "stack_rows", "unify_records",
+    "stack_rows", "stack_time_major", "unify_records",
 ]
 
 
@@ -235,3 +235,56 @@ def as_row(v: Any) -> Any:
 def stack_rows(vs: list[Any]) -> Any:
     """Samples' leaves stacked on a new leading axis (one row each)."""
     return torch.stack(vs) if isinstance(vs[0], torch.Tensor) else np.stack(vs)
+
+
+def stack_time_major(
+    samples: Sequence[Any], take: Callable[[dict[str, tuple[tuple[int, ...], torch.dtype]]], dict[str, torch.Tensor]]
+) -> tuple[list[str], dict[str, Any], dict[str, torch.Tensor]]:
+    """``B`` nested samples of ``[T, ...]`` stacked on axis 1 into one time-major ``[T, B, ...]`` sample.
+
+    Returns the leaf names (:func:`unify_records`: a record left ``None`` in some samples contributes its leaves,
+    zero-filled there), the leaves that are not numeric (``None`` where every sample has ``None``, else stacked
+    numpy objects), and the numeric leaves written once into memory ``take`` hands out for
+    ``{name: (shape, dtype)}`` (a staging allocator). :func:`build_record` nests the result again.
+    """
+    raw = [dict(flatten_record(x)) for x in samples]
+    names = unify_records(raw)
+    key = tuple(names)
+    flats = [f if tuple(f) == key else conform_record(f, names) for f in raw]
+    numeric: dict[str, list[Any]] = {}
+    leaves: dict[str, Any] = {}
+    for k in names:
+        vals = [f[k] for f in flats]
+        present = [v for v in vals if v is not None]
+        if not present:
+            leaves[k] = None
+            continue
+        if len(present) < len(vals):  # the samples missing a field get zeros of its shape
+            vals = [np.zeros_like(present[0]) if v is None else v for v in vals]
+        if _same_numeric(vals) or all(is_numeric_leaf(v) for v in vals):
+            numeric[k] = vals
+        else:
+            leaves[k] = np.stack([np.asarray(v) for v in vals], axis=1)
+    blocks = take({k: _time_major_shape(vals) for k, vals in numeric.items()}) if numeric else {}
+    for k, vals in numeric.items():
+        if all(isinstance(v, np.ndarray) for v in vals) and blocks[k].dtype is not torch.bfloat16:
+            np.stack(vals, axis=1, out=blocks[k].numpy())  # numpy's stack: less per-sample overhead
+        else:
+            torch.stack([torch.as_tensor(v) for v in vals], dim=1, out=blocks[k])
+    return names, leaves, blocks
+
+
+def _same_numeric(vals: list[Any]) -> bool:
+    """Whether every value is a numeric numpy array of the first one's dtype (the common case, checked cheaply)."""
+    first = vals[0]
+    if type(first) is not np.ndarray or first.dtype.kind not in "biufc":
+        return False
+    d = first.dtype
+    return all(type(v) is np.ndarray and v.dtype == d for v in vals)
+
+
+def _time_major_shape(vals: list[Any]) -> tuple[tuple[int, ...], torch.dtype]:
+    first = torch.as_tensor(vals[0])
+    if first.dim() < 1:
+        raise SpecError("every array of a sequence sample has a time axis (axis 0)")
+    return (int(first.shape[0]), len(vals), *first.shape[1:]), first.dtype

@@ -10,7 +10,7 @@ import torch
 
 import conduit
 from conduit.errors import SpecError
-from conduit.ext import RecordLayout, build_record, flatten_record, is_record, stack_rows
+from conduit.ext import RecordLayout, build_record, flatten_record, is_record, stack_rows, stack_time_major
 
 
 def _sample(t: int, step: int) -> dict[str, object]:
@@ -62,3 +62,25 @@ def test_a_layout_checkpoints_as_plain_values_and_refuses_a_different_sample() -
         layout.leaves(other)
     filled = layout.leaves({**_sample(3, 1), "obs": None})  # a whole record left None: zeros of its shapes
     assert filled["obs.pixels"].shape == (3, 3) and not filled["obs.pixels"].any()
+
+
+def test_samples_stack_time_major_into_the_memory_handed_out_and_a_record_left_none_is_zero_filled() -> None:
+    taken: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+
+    def take(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:
+        taken.update(shapes)
+        return {k: torch.full(shape, -1, dtype=dtype) for k, (shape, dtype) in shapes.items()}
+
+    samples = [_sample(4, step) for step in range(3)]
+    samples[1]["obs"] = None  # a whole record left None in one sample
+    samples[2]["tag"] = np.array(["a"] * 4)  # a field some samples lack is refused by name
+    with pytest.raises(SpecError, match="tag"):
+        stack_time_major(samples, take)
+    del samples[2]["tag"]
+    names, leaves, blocks = stack_time_major(samples, take)
+    assert names == ["obs.pixels", "obs.state.pos", "action", "info"] and leaves == {"info": None}
+    assert taken["obs.pixels"] == ((4, 3, 3), torch.float32) and blocks["action"].shape == (4, 3)
+    assert blocks["obs.pixels"][:, 0].eq(0).all() and blocks["obs.pixels"][:, 1].eq(0).all()  # zeros for step 1
+    assert blocks["obs.pixels"][:, 2].eq(2).all() and blocks["obs.state.pos"][:, 2].eq(-2).all()
+    nested = build_record([(k, blocks.get(k, leaves.get(k))) for k in names], dict)
+    assert nested["obs"]["state"]["pos"] is blocks["obs.state.pos"]

@@ -32,18 +32,16 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from conduit import ConfigError, SpecError
+from conduit import ConfigError
 from conduit.ext import (
     HandoffGuard,
     ReuseQueue,
     Staging,
     StreamSet,
     build_record,
-    conform_record,
     flatten_record,
     handoff,
-    is_numeric_leaf,
-    unify_records,
+    stack_time_major,
 )
 
 from .locate import HOST_FIELDS, SRLTypes, types_named
@@ -143,34 +141,11 @@ class ConduitQueueBuffer:
 
     # -- batching on axis 1 -------------------------------------------------------------------------
     def _stack(self, group: list[Any]) -> tuple[Any, torch.cuda.Event | None]:
-        """``B`` samples of ``[T, ...]`` -> one ``[T, B, ...]`` sample, numeric leaves in staging memory."""
-        raw = [dict(flatten_record(x)) for x in group]
-        names = unify_records(raw)  # a record left None in some samples: its leaves, zero-filled below (as SRL does)
-        key = tuple(names)
-        flats = [f if tuple(f) == key else conform_record(f, names) for f in raw]
-        numeric = {}
-        leaves: dict[str, Any] = {}
+        """``B`` samples of ``[T, ...]`` -> one ``[T, B, ...]`` sample, numeric leaves in staging memory (a record
+        left None in some samples: its leaves zero-filled, as SRL's aggregation fills them)."""
+        names, leaves, blocks = stack_time_major(group, self.staging.take)
         event = None
-        for k in names:
-            vals = [f[k] for f in flats]
-            present = [v for v in vals if v is not None]
-            if not present:
-                leaves[k] = None
-                continue
-            if len(present) < len(vals):  # SRL fills the samples missing a field with zeros of its shape
-                vals = [np.zeros_like(present[0]) if v is None else v for v in vals]
-            if _same_numeric(vals) or all(is_numeric_leaf(v) for v in vals):
-                numeric[k] = vals
-            else:
-                leaves[k] = np.stack([np.asarray(v) for v in vals], axis=1)
-        if numeric:
-            shapes = {k: _time_major_shape(vals) for k, vals in numeric.items()}
-            blocks = self.staging.take(shapes)
-            for k, vals in numeric.items():
-                if all(isinstance(v, np.ndarray) for v in vals) and blocks[k].dtype is not torch.bfloat16:
-                    np.stack(vals, axis=1, out=blocks[k].numpy())  # numpy's stack: less per-sample overhead
-                else:
-                    torch.stack([torch.as_tensor(v) for v in vals], dim=1, out=blocks[k])
+        if blocks:
             placed, event = self._place(blocks)
             leaves.update(placed)
         return build_record([(k, leaves[k]) for k in names], self.types.named_array), event
@@ -213,19 +188,3 @@ class ConduitQueueBuffer:
             f"ConduitQueueBuffer(max_size={self.max_size}, reuses={self.reuses}, batch_size={self.batch_size}, "
             f"entries={len(self.queue)}, staging={'pinned' if self.staging.pinned else 'pageable'})"
         )
-
-
-def _same_numeric(vals: list[Any]) -> bool:
-    """Whether every value is a numeric numpy array of the first one's dtype (the common case, checked cheaply)."""
-    first = vals[0]
-    if type(first) is not np.ndarray or first.dtype.kind not in "biufc":
-        return False
-    d = first.dtype
-    return all(type(v) is np.ndarray and v.dtype == d for v in vals)
-
-
-def _time_major_shape(vals: list[Any]) -> tuple[tuple[int, ...], torch.dtype]:
-    first = torch.as_tensor(vals[0])
-    if first.dim() < 1:
-        raise SpecError("every array of an SRL sample has a time axis (axis 0)")
-    return (int(first.shape[0]), len(vals), *first.shape[1:]), first.dtype

@@ -6,7 +6,7 @@ RLlib-style central buffer vs local sampling, side by side in one run.
 - **global g=4** — the same, with delivery granularity 4 (``pinned={"delivery_granularity": 4}``, as on
   one process): one exchange draws four batches per learner, each its own draw, at most four pulls stale.
 - **global, planned** — the same, ``plan="auto"``: the ranks measure every delivery mode (inline or
-  overlapped on the collective lane, ``g`` in 1, 2, 4) on this loop and keep the one that beats inline
+  overlapped on the delivery path's worker, ``g`` in 1, 2, 4) on this loop and keep the one that beats inline
   ``g = 1`` by more than the noise (:mod:`conduit.scheduling.planner`); the windows start after that
   decision, and the table says what it kept.
 - with ``--train``, learners that train (an SGD step of a small MLP on every batch) rather than only read

@@ -210,7 +210,7 @@ class LivePlanner(Generic[K]):
 
 @dataclass(frozen=True)
 class DeliveryMode:
-    """How a rank's exchanges run: overlapped on the lane or inline, ``g`` batches per learner each."""
+    """How a rank's exchanges run: overlapped on its delivery worker or inline, ``g`` batches per learner each."""
 
     overlap: bool
     g: int

@@ -99,7 +99,7 @@ def exactly_once(rank: int, world: int, routing: str, shares: list[float] | None
 def distribution(rank: int, world: int, sampler: str, sampling: str, pulls: int, overlap: bool = False,
                  g: int = 1) -> dict[str, Any]:
     """Draws over unequal shards. Overlapped, a collective (``stats``) runs every few pulls, while an
-    exchange is in flight on the lane: the order of collectives must hold on every rank."""
+    exchange is in flight on the delivery worker: the order of collectives must hold on every rank."""
     edp = cd.Conduit(policy="off_policy", train_batch_size=BATCH, capacity=2000 * world, sampler=sampler,
                      seed=11, timeout_s=30, sampling=sampling,
                      prioritized=conduit.PrioritizedReplay(alpha=ALPHA, beta=BETA, eps=EPS),
@@ -245,7 +245,7 @@ def rate_limited(rank: int, world: int, ck: str) -> dict[str, Any]:
     kw = dict(policy="off_policy", train_batch_size=RATE["batch"], capacity=1000 * world, seed=11, timeout_s=30,
               min_size_to_sample=RATE["min_size"])
     edp = cd.Conduit(rate_limit={"samples_per_insert": RATE["samples_per_insert"], "tolerance": tol},
-                     pinned={"delivery_overlap": True}, **kw)  # exchanges drawn ahead wait for inserts on the lane
+                     pinned={"delivery_overlap": True}, **kw)  # exchanges drawn ahead wait for inserts on the worker
     stop = threading.Event()
 
     def actor() -> None:
@@ -259,7 +259,7 @@ def rate_limited(rank: int, world: int, ck: str) -> dict[str, Any]:
 
     t = threading.Thread(target=actor, name="test-actor")
     t.start()
-    seen = []  # the group's counts as each exchange drew (on the overlapped lane, at the same point on every rank)
+    seen = []  # the group's counts as each exchange drew (on the delivery worker, at the same point on every rank)
     drew = edp.rate.drew
 
     def recording(rows: int) -> None:
@@ -269,7 +269,7 @@ def rate_limited(rank: int, world: int, ck: str) -> dict[str, Any]:
     edp.rate.drew = recording
     for _ in range(30):
         edp.pull()
-    seen = seen[:30]  # the exchanges the 30 pulls delivered (the lane may be drawing the next one now)
+    seen = seen[:30]  # the exchanges the 30 pulls delivered (the worker may be drawing the next one now)
     stop.set()
     stats = edp.stats()
     final = [sum(stats.pushed_rows), edp.rate.limiter.samples]
@@ -392,7 +392,7 @@ def scenarios(rank: int, world: int, port: int, out: str, ck: str, mode: str) ->
 
 def killed(rank: int, world: int, port: int, out: str, victim: int, how: str = "kill") -> None:
     """``victim`` kills itself with SIGKILL (``how="kill"``), or stops itself with SIGSTOP (``"stop"``: alive
-    but silent; its exchanges overlapped on the lane); the others pull until they raise, and say what and when."""
+    but silent; its exchanges overlapped on the delivery worker); the others pull until they raise, and say what and when."""
     launch.init_process_group(rank, world, port, timeout_s=60)
     edp = cd.Conduit(policy="off_policy", train_batch_size=8, capacity=1000, seed=1, timeout_s=4,
                      pinned={"delivery_overlap": how == "stop"})

@@ -85,9 +85,10 @@ class OnPolicyShare:
             return {} if spec is None else {f.name: torch.empty((0, *f.shape), dtype=f.dtype) for f in spec}
         return {k: torch.cat([u[k] for u in units]) for k in units[0]}
 
-    def minibatches(self) -> Iterator[Batch]:
+    def minibatches(self, timeout: float | None = None) -> Iterator[Batch]:
         """Collective: this learner's part of every mini-batch of every epoch of the iteration pushed so far,
-        pulled through the rank's delivery path (:class:`GroupMinibatches`)."""
+        pulled through the rank's delivery path (:class:`GroupMinibatches`; ``timeout``: each pull's, the
+        config's by default; every collective is bounded by the group's)."""
         owner, group = self.owner, self.owner.group
         group.check()
         store = self._seal()
@@ -107,7 +108,7 @@ class OnPolicyShare:
         path.begin(self.iteration, store, counts)
         self.iteration += 1
         for _ in range(path.per_iteration):
-            yield path.pull(0)
+            yield path.pull(0, timeout)
 
     def _path(self) -> GroupMinibatches:
         """The rank's on-policy delivery path, made at the first iteration with the registered delivery hook."""

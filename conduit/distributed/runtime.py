@@ -397,7 +397,7 @@ class DistributedConduit:
         """On-policy, collective: this learner's part of every mini-batch of the iteration pushed so far."""
         if self.on_policy is None:
             raise SemanticsError("minibatches() iterates an on-policy iteration; off-policy uses pull()")
-        return self.on_policy.minibatches()
+        return self.on_policy.minibatches(timeout)
 
     def ready(self) -> bool:
         """Collective under global sampling: whether a pull can be served now (a batch drawn ahead, or enough

@@ -105,6 +105,8 @@ class BatchInfo(NamedTuple):
         weights: importance-sampling weights (prioritized replay), else None.
         mode: the delivery mode (overlap, granularity) it ran under.
         version_at_delivery: transitions ingested when it was handed over.
+        attachment: what the delivery hook attached to this batch (``learn_out.write(data, attach=...)``),
+            else None; not checkpointed (a staged batch restored from a checkpoint has none).
     """
 
     learner: int
@@ -120,6 +122,7 @@ class BatchInfo(NamedTuple):
     weights: np.ndarray | None
     mode: Mode
     version_at_delivery: int = -1
+    attachment: Any = None
 
     @property
     def indices(self) -> np.ndarray:
@@ -134,6 +137,7 @@ class BatchInfo(NamedTuple):
     def state_dict(self) -> dict[str, Any]:
         """This provenance as primitives and arrays (what a checkpoint of a staged batch holds)."""
         out = self._asdict()
+        del out["attachment"]  # an object of the hook's, not provenance: a restored staged batch has none
         rows: DrawnRows = out.pop("rows")
         out["indices"], out["ids"] = np.array(rows.indices, dtype=np.int64), np.array(rows.ids, dtype=np.int64)
         out["weights"] = None if self.weights is None else np.array(self.weights, dtype=np.float32)

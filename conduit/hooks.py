@@ -95,13 +95,20 @@ class Writer:
     def __init__(self, name: str) -> None:
         self.name = name
         self.items: list[dict[str, torch.Tensor]] = []
+        #: each write's ``attach`` (None where it had none)
+        self.attached: list[Any] = []
 
-    def write(self, data: Mapping[str, Any]) -> None:
+    def write(self, data: Mapping[str, Any], *, attach: Any = None) -> None:
+        """Stage ``data``; a delivery hook may ``attach`` one object to each training batch it writes (a
+        framework's own batch type built over the tensors, say), which the learner reads as
+        ``batch.info.attachment``: the work of building it then runs on the delivery worker, off the
+        learner's thread. A hook that attaches writes one training batch per ``write``."""
         if not isinstance(data, Mapping):
             raise SpecError(f"{self.name}.write expects a mapping of field -> tensor, got {type(data).__name__}")
         tensors = as_tensors(data)
         batch_size_of(tensors)
         self.items.append(tensors)
+        self.attached.append(attach)
 
     def __repr__(self) -> str:
         return f"Writer({self.name!r}, writes={len(self.items)})"

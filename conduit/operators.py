@@ -24,8 +24,8 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from conduit.errors import HookFailed
-from conduit.hooks import Reader, Writer
+from conduit.errors import HookFailed, SpecError
+from conduit.hooks import LEARNER, Reader, Writer
 from conduit.trace import Tracer
 
 __all__ = ["FnOperator", "Graph", "HookOperator", "Operator", "OperatorKind", "Packet", "Record", "Running"]
@@ -50,6 +50,8 @@ class Packet:
 
     parts: list[dict[str, torch.Tensor]]
     record: Any = None
+    #: what a hook attached to each part (``Writer.write(attach=)``); None when it attached nothing
+    attached: list[Any] | None = None
 
     @property
     def rows(self) -> int:
@@ -108,10 +110,13 @@ class HookOperator(Operator):
         try:
             info = packet.record.facts() if packet.record is not None else None
             self._fn(Reader(self._source, data, info), out)
+            if self._sink != LEARNER and any(a is not None for a in out.attached):
+                raise SpecError("write(attach=...): only a delivery hook attaches objects to what it writes")
         except Exception as exc:
             name = getattr(self._fn, "__qualname__", repr(self._fn))
             raise HookFailed(f"the {self._source}->{self._sink} hook {name!r}", exc) from exc
         packet.parts = out.items
+        packet.attached = out.attached if any(a is not None for a in out.attached) else None
         return packet
 
 

@@ -115,3 +115,50 @@ def test_delivery_hook_that_changes_row_count_is_an_error():
         edp.push(transitions(8))
         with pytest.raises(conduit.RuntimeFailed, match="must keep one output row per input row"):
             edp.pull()
+
+
+@pytest.mark.parametrize("overlap,g", [(False, 1), (True, 1), (True, 2)])
+def test_a_delivery_hook_attaches_one_object_to_each_batch_it_writes(overlap, g):
+    """``write(data, attach=obj)``: the learner gets ``obj`` as ``batch.info.attachment`` with that very batch, however
+    many batches one invocation draws (a framework builds its own batch type on the delivery worker)."""
+    edp = Conduit(policy="off_policy", train_batch_size=4, capacity=32, seed=0, pinned=conduit.Schedule(
+        conduit.Mode(False, 1), conduit.Mode(overlap, g)))
+
+    @edp.register_delivery(input="ExperienceBuffer", output="Learner")
+    def per_batch(exp_in, learn_out):
+        d = exp_in.read()
+        for start in range(0, len(d["tid"]), 4):
+            part = {k: v[start : start + 4] for k, v in d.items()}
+            learn_out.write(part, attach={"tids": part["tid"].tolist()})
+
+    with edp:
+        edp.push(transitions(32))
+        edp.flush()
+        for _ in range(5):
+            b = edp.pull()
+            assert b.info.attachment == {"tids": b["tid"].tolist()}
+
+
+def test_attachments_need_one_write_per_batch_and_a_delivery_hook():
+    edp = Conduit(policy="off_policy", train_batch_size=2, capacity=16, seed=0, pinned=conduit.Schedule(
+        conduit.Mode(False, 1), conduit.Mode(False, 2)))
+
+    @edp.register_delivery(input="ExperienceBuffer", output="Learner")
+    def whole(exp_in, learn_out):  # two batches' rows in one write, with one object
+        learn_out.write(exp_in.read(), attach="both")
+
+    with edp:
+        edp.push(transitions(8))
+        with pytest.raises(conduit.RuntimeFailed, match="one training batch per write"):
+            edp.pull()
+
+    edp = Conduit(policy="off_policy", train_batch_size=2, capacity=16)
+
+    @edp.register_ingestion(input="Actor", output="ExperienceBuffer")
+    def tag(actor_in, exp_out):
+        exp_out.write(actor_in.read(), attach="rows")
+
+    with edp:
+        with pytest.raises(conduit.RuntimeFailed, match="only a delivery hook attaches"):
+            edp.push(transitions(4))
+            edp.flush()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -50,6 +50,8 @@ class Claim:
     reserved: int = 0
     #: transitions ingested when the rows were drawn (set by the gather)
     buffer_version: int = -1
+    #: what the delivery hook attached to each batch (``Writer.write(attach=)``), None if nothing
+    attached: list[Any] | None = None
 
     def place(self, part: int) -> Place:
         """Batch ``part``'s place, rows and importance weights (after the gather)."""

@@ -37,13 +37,14 @@ import torch
 from conduit.batch import Batch, BatchInfo
 from conduit.buffers.base import ExperienceBuffer
 from conduit.core import Mode
-from conduit.errors import ConduitError, ConduitTimeout, SemanticsError
+from conduit.errors import ConduitError, ConduitTimeout, SemanticsError, SpecError
 from conduit.executor import POLL_S, FailureBox, StreamSet, fail, handoff
 from conduit.hooks import EXPERIENCE_BUFFER, LEARNER, Reader, Writer
 from conduit.memory import BatchMemory
 from conduit.operators import FnOperator, HookOperator, Operator, OperatorKind, Packet, concat
 from conduit.paths.base import DataPath
 from conduit.paths.claims import Claim, DeliveryStats, Place, Staged
+from conduit.spec import rows_of
 from conduit.trace import Tracer
 
 __all__ = ["Claim", "DeliveryPath", "DeliveryStats", "HookFn", "Place", "Staged"]
@@ -175,6 +176,7 @@ class DeliveryPath(DataPath):
             weights=place.weights,
             mode=claim.mode,
             version_at_delivery=version_at_delivery,
+            attachment=claim.attached[part] if claim.attached is not None else None,
         )
 
     # -- invocations ------------------------------------------------------------------
@@ -233,7 +235,15 @@ class DeliveryPath(DataPath):
         """One part per training batch again, after a hook that may have joined or re-split them."""
         sizes = list(packet.record.sizes)
         parts = packet.parts
-        if len(parts) == len(sizes) and all(next(iter(p.values())).shape[0] == s for p, s in zip(parts, sizes)):
+        aligned = len(parts) == len(sizes) and all(next(iter(p.values())).shape[0] == s for p, s in zip(parts, sizes))
+        if packet.attached is not None:  # each training batch keeps what the hook attached to it
+            if not aligned:
+                raise SpecError(
+                    f"the delivery hook attached objects to writes of {[rows_of(p) for p in parts]} rows; a hook "
+                    f"that attaches writes one training batch per write (batches of {sizes} rows)"
+                )
+            packet.record.attached = packet.attached
+        if aligned:
             return packet
         whole = concat(parts)
         _kept_rows(whole, sizes)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -49,8 +49,6 @@ from .locate import HOST_FIELDS, SRLTypes, types_named
 
 __all__ = ["CLASSES", "ConduitReplayBuffer", "positive"]
 
-#: samples built ahead by the delivery hook and not yet handed out, at most (the staging depth is one or two)
-PREPARED = 8
 #: the column the delivery hook adds to a uniform replay's batch: each drawn sample's replay count before this
 #: draw. A batch staged when a checkpoint is taken carries it, so a restored one is not counted twice.
 REUSES = "_conduit_reuses"
@@ -105,9 +103,6 @@ class ConduitReplayBuffer:
         self._times = np.zeros(self.max_size, dtype=np.int64)  # replay count of the sample in each slot
         self._gens = np.full(self.max_size, -1, dtype=np.int64)  # the transition id those counts belong to
         self._handed: deque[BatchInfo] = deque(maxlen=64)
-        # (sample, reuses) the delivery hook built for the batches it staged, by their first block's address (bounded)
-        # (for uniform replay: the whole ReplayEntry), so get() on the trainer thread only pulls and pops
-        self._prepared: OrderedDict[int, tuple[Any, float | None, Any]] = OrderedDict()
 
     # -- the runtime, made at the first put (the sample length is known then) -------------------
     def _config(self, layout: RecordLayout) -> conduit.ConduitConfig:
@@ -161,9 +156,9 @@ class ConduitReplayBuffer:
         """Delivery hook: each batch of ``[B, T, ...]`` rows as the transposed view of a ``[T, B, ...]`` block (one
         output row per input row, as a delivery hook must) -- on a CPU trainer the gather wrote that layout itself
         (``Tuning.time_major``), for a GPU trainer's prefetcher it is copied into a page-locked block; and the
-        batch's SRL sample and (uniform replay) its replay counts, made here while the trainer updates, not by
-        ``get`` on the trainer thread. Uniform replay counts at the draw, as SRL does; this hook runs the draws
-        in their order, so the counts are SRL's."""
+        batch's SRL sample (uniform replay: its whole ``ReplayEntry``, with the replay counts), made here while the
+        trainer updates and attached to the batch, so ``get`` on the trainer thread only pulls. Uniform replay
+        counts at the draw, as SRL does; this hook runs the draws in their order, so the counts are SRL's."""
         data = exp_in.read()
         assert self.staging is not None and self.layout is not None
         b = self.batch_size
@@ -188,7 +183,7 @@ class ConduitReplayBuffer:
                 arrays = {k: np.ascontiguousarray(v.numpy().swapaxes(0, 1)) for k, v in part.items()}
                 out = part
             sample = self.layout.rebuild(arrays, self.types.named_array)
-            reuses = entry = None
+            entry = None
             if not self.prioritized:  # SRL counts a prioritized replay at its feedback, on the trainer thread
                 before = self._tally(indices[start : start + b], ids[start : start + b], True)
                 out[REUSES] = torch.from_numpy(before)
@@ -196,13 +191,7 @@ class ConduitReplayBuffer:
                 entry = self.types.replay_entry(
                     reuses_left=-1, receive_time=-1, sample=sample, reuses=reuses, sampling_indices=None
                 )
-            key = out[self.layout.numeric[0]].data_ptr()  # 0 for an empty block: no key, get() rebuilds
-            # one-call dict operations (the trainer thread pops), and an extra eviction only costs a rebuild
-            if key:
-                self._prepared[key] = (sample, reuses, entry)
-            while len(self._prepared) > PREPARED:
-                self._prepared.popitem(last=False)
-            learn_out.write(out)
+            learn_out.write(out, attach=(sample, entry))
 
     # -- SRL's buffer protocol -------------------------------------------------------------------
     def put(self, x: Any) -> None:
@@ -259,19 +248,17 @@ class ConduitReplayBuffer:
             raise queue.Empty("the Conduit SRL buffer has not reached warmup_transitions yet")
         batch = edp.pull(timeout=self.timeout_s)
         info = batch.info
-        sample = reuses = None
-        if self.staging is not None:
-            sample, reuses, entry = self._prepared.pop(batch[layout.numeric[0]].data_ptr(), (None, None, None))
-            if self.staging.pinned:
-                self._guard.handed(list(batch.values()))
-            if entry is not None:  # uniform replay: built by the delivery hook
-                return entry
-        if sample is None:  # a GPU learner's batch (tensors on its device), a restored or an evicted one
+        sample, entry = info.attachment or (None, None)  # what the delivery hook built (a host learner's batch)
+        if self.staging is not None and self.staging.pinned:
+            self._guard.handed(list(batch.values()))
+        if entry is not None:  # uniform replay
+            return entry
+        if sample is None:  # a GPU learner's batch (tensors on its device), or one restored from a checkpoint
             sample = layout.rebuild({k: self._out(k, batch[k]) for k in layout.numeric}, self.types.named_array)
         counted = batch.get(REUSES)
-        if reuses is None and counted is not None:  # counted by the hook at the draw
+        if counted is not None:  # counted by the hook at the draw
             reuses = float(counted.double().mean())
-        elif reuses is None:  # PER (counted at its feedback), or no hook ran (a GPU learner)
+        else:  # PER (counted at its feedback), or no hook ran (a GPU learner)
             reuses = self._count(info)
         indices = self._annotate(sample, info)
         return self.types.replay_entry(
@@ -322,7 +309,6 @@ class ConduitReplayBuffer:
         """Stop the runtime's workers (idempotent). SRL never closes a buffer; its process exit does."""
         if self.edp is not None:
             self.edp.close()
-        self._prepared.clear()  # samples of batches never handed out: their staging memory goes back
 
     def stats(self) -> conduit.RuntimeStats | None:
         return self.edp.stats() if self.edp is not None else None

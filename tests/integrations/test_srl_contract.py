@@ -666,7 +666,7 @@ def test_replay_batches_and_samples_are_laid_out_without_torch_view_ops(made):
     buf.get()  # the delivery hook has staged the next batch meanwhile
     batch = buf.edp.pull()
     assert not [k for k, t in batch.items() if t._is_view()]
-    sample_, _, _ = buf._prepared[next(iter(batch.values())).data_ptr()]
+    sample_, _ = batch.info.attachment
     obs = next(v for k, v in flatten(sample_) if k == "obs")
     assert obs.flags.c_contiguous and obs.shape[:2] == (4, 4)  # [T, B, ...]
     assert np.shares_memory(obs, batch["obs"].numpy())

@@ -46,6 +46,7 @@ fields, such as a capacity, against the data files).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -54,10 +55,11 @@ import re
 import shutil
 import socket
 import stat
+import tempfile
 import time
 import uuid
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -69,7 +71,9 @@ from conduit.errors import CheckpointError
 from conduit.executor import process_alive
 from conduit.files import file_kind, open_regular, plain_name, read_regular
 
-__all__ = ["FORMAT", "VERSION", "CheckpointError", "check_target", "load", "read_manifest", "save"]
+__all__ = [
+    "FORMAT", "VERSION", "CheckpointError", "check_target", "load", "pack", "read_manifest", "save", "unpacked",
+]
 
 log = logging.getLogger("conduit")
 
@@ -418,3 +422,31 @@ def load(path: str | Path, *, fallback: bool = False) -> tuple[dict[str, Any], d
     ``fallback``: see :func:`read_manifest`."""
     where, manifest = read_manifest(path, fallback=fallback)
     return manifest, {name: _load_state(where, name) for name in manifest.get("components", [])}
+
+
+# -- a checkpoint as bytes -------------------------------------------------------------------------------
+#: the checkpoint directory's name inside the temporary folder of :func:`pack` / :func:`unpacked`
+_PACKED = "conduit-checkpoint"
+
+
+def pack(save: Callable[[Path], Path]) -> dict[str, bytes]:
+    """A checkpoint as ``{relative path: bytes}``, for a framework that pickles its buffer object (SRL's
+    ``save_buffer_on_exit``) or ships it as one value: ``save(path)`` writes it (``lambda p: edp.save(p)``)."""
+    with tempfile.TemporaryDirectory(prefix="conduit-pack-") as tmp:
+        root = save(Path(tmp) / _PACKED)
+        return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+@contextlib.contextmanager
+def unpacked(files: Mapping[str, bytes]) -> Iterator[Path]:
+    """The checkpoint directory of :func:`pack`'s ``files`` for the block (``edp.restore(root)`` loads it, with
+    every check a checkpoint on disk gets); a name outside the directory is refused."""
+    with tempfile.TemporaryDirectory(prefix="conduit-pack-") as tmp:
+        root = Path(tmp) / _PACKED
+        for rel, data in files.items():
+            target = (root / rel).resolve()
+            if root.resolve() not in target.parents:
+                raise CheckpointError(f"a packed checkpoint names a file outside its directory: {rel!r}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        yield root

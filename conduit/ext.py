@@ -34,6 +34,8 @@ place it may import from (``tests/test_house.py`` checks every import of
   with their nesting, sequence samples batched time-major;
 - what a loop waits on (:class:`WaitTimer`, :func:`measure_interleaved`, :func:`summary_table`): the
   exposed experience path measured on live objects, the same way with and without Conduit;
+- a checkpoint as bytes (:func:`pack`, :func:`unpacked`), for a framework that pickles its buffer
+  object or ships it as one value: ``Conduit.save``'s files, checked as on disk when restored;
 - :func:`explain`: an adapter's own pydantic options fail with the core's
   ``ConfigError`` message;
 - stage graphs (:class:`Stage`, :class:`Plan`, :class:`StageProfile`,
@@ -52,6 +54,7 @@ Importing this module imports torch (the runtime's modules), unlike ``import con
 from __future__ import annotations
 
 from conduit.buffers.replay import ReplayBuffer
+from conduit.checkpoint import pack, unpacked
 from conduit.config import explain
 from conduit.executor import StreamSet, handoff
 from conduit.exposure import WaitTimer, measure_interleaved, summary_table
@@ -120,10 +123,12 @@ __all__ = [
     "is_numeric_leaf",
     "is_record",
     "measure_interleaved",
+    "pack",
     "slots_in_order",
     "stack_rows",
     "stack_time_major",
     "stored_in_order",
     "summary_table",
     "unify_records",
+    "unpacked",
 ]

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conduit import Conduit, Mode, Schedule, SemanticsError
-from conduit.checkpoint import CheckpointError, load, read_manifest
+from conduit.checkpoint import CheckpointError, load, pack, read_manifest, unpacked
 from conduit.storage import ShardedStorage
 from tests.helpers import transitions
 
@@ -414,3 +414,27 @@ def test_what_the_buffer_admitted_and_the_queue_are_read_at_one_point(tmp_path):
     saved = load(tmp_path / "ckpt")[1]
     queued = sum(int(p["rows"]) for p in saved["ingestion"]["pieces"])
     assert saved["buffer"]["limiter"]["inserts"] == saved["buffer"]["inserted"] + queued == 8
+
+
+def test_a_checkpoint_packed_as_bytes_restores_exactly_and_names_no_file_outside_itself(tmp_path):
+    """``pack``/``unpacked``: a checkpoint as one picklable value (SRL pickles its buffer object), restored with
+    every check a checkpoint on disk gets; a file named outside the directory is refused before it is written."""
+    a, a_rec = make(sampler="prioritized"), []
+    drive(a, range(4), a_rec)
+    files = pack(lambda path: a.save(path))
+    assert "MANIFEST.json" in files and all(isinstance(v, bytes) for v in files.values())
+    b = make(sampler="prioritized")
+    with unpacked(files) as root:
+        b.restore(root)
+    a_next, b_next = [], []
+    drive(a, range(4, 7), a_next)
+    drive(b, range(4, 7), b_next)
+    assert a_next == b_next and a_next
+    a.close()
+    b.close()
+    with pytest.raises(CheckpointError, match="outside its directory"):
+        with unpacked({**files, "../escaped.pt": b"x"}):
+            pass
+    damaged = {**files, "MANIFEST.json": files["MANIFEST.json"][:-3]}
+    with pytest.raises(CheckpointError), unpacked(damaged) as root:
+        make().restore(root)

@@ -42,9 +42,8 @@ import torch
 
 import conduit
 from conduit import BatchInfo, ConfigError, Reader, SemanticsError, SpecError, Writer
-from conduit.ext import HandoffGuard, RecordLayout, Staging, as_row, stack_rows
+from conduit.ext import HandoffGuard, RecordLayout, Staging, as_row, pack, stack_rows, unpacked
 
-from . import persist
 from .locate import HOST_FIELDS, SRLTypes, types_named
 
 __all__ = ["CLASSES", "ConduitReplayBuffer", "positive"]
@@ -322,7 +321,9 @@ class ConduitReplayBuffer:
         self._gens[:] = state["gens"]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickles as its constructor arguments plus Conduit's checkpoint (:mod:`.persist`)."""
+        """Pickles as its constructor arguments plus Conduit's checkpoint as bytes (:func:`conduit.ext.pack`): SRL's
+        trainer pickles the whole buffer into its parameter DB (``save_buffer_on_exit``), and a running runtime
+        does not pickle. Unpickling restores the checkpoint with every check a checkpoint on disk gets."""
         edp = self.edp
         blob = None
         if edp is not None:
@@ -330,7 +331,7 @@ class ConduitReplayBuffer:
             with edp.quiesced(self.timeout_s):
                 with self._lock:
                     state = self._adapter_state()
-                blob = (persist.checkpoint_bytes(edp, self.timeout_s), state)
+                blob = (pack(lambda path: edp.save(path, timeout=self.timeout_s)), state)
         module = self.types.module.__name__ if self.types.module is not None else None
         return (_rebuild, (type(self).NAME, self._kwargs, blob, module))
 
@@ -342,7 +343,9 @@ class ConduitReplayBuffer:
         self.layout = layout  # before the runtime: its delivery hook lays batches out by it
         self._load_adapter_state(state)  # and counts on these; PER's beta is the sampler's from the start
         edp = self._runtime(layout)
-        persist.restore_into(edp, files)
+        with unpacked(files) as root:
+            edp.restore(root)
+        edp.start()
         self.layout, self.edp, self.sample_length = layout, edp, layout.length
 
     def __repr__(self) -> str:

@@ -33,7 +33,7 @@ class DrawnRows:
     slot ``s`` held id ``next_id - 1 - ((pos - 1 - s) mod capacity)``.
     """
 
-    __slots__ = ("_ids", "_indices", "_ring", "_tensor")
+    __slots__ = ("_ids", "_indices", "_ring", "_tensor", "times")
 
     def __init__(
         self,
@@ -51,6 +51,8 @@ class DrawnRows:
         self._tensor = tensor  # a host int64 index tensor (the gather's own) when ``indices`` is not given
         self._ids = ids
         self._ring = ring  # (pos, next_id, capacity) of a pure ring at the draw
+        #: each row's replay count before this draw (``count_replays``), else None
+        self.times: np.ndarray | None = None
 
     @property
     def indices(self) -> np.ndarray:
@@ -80,12 +82,14 @@ class DrawnRows:
 
     def __getitem__(self, part: slice) -> DrawnRows:
         """The rows of one batch of a multi-batch draw, still unmade where these are."""
-        return DrawnRows(
+        rows = DrawnRows(
             None if self._indices is None else self._indices[part],
             None if self._ids is None else self._ids[part],
             tensor=None if self._tensor is None else self._tensor[part],
             ring=self._ring,
         )
+        rows.times = None if self.times is None else self.times[part]
+        return rows
 
 
 class BatchInfo(NamedTuple):
@@ -134,12 +138,19 @@ class BatchInfo(NamedTuple):
         """Global transition ids (ingestion order) of the rows."""
         return self.rows.ids
 
+    @property
+    def times_sampled(self) -> np.ndarray | None:
+        """With ``count_replays``: how many batches had drawn each row before this one (Reverb's
+        ``times_sampled``, SRL's reuses), read at the draw; else None."""
+        return self.rows.times
+
     def state_dict(self) -> dict[str, Any]:
         """This provenance as primitives and arrays (what a checkpoint of a staged batch holds)."""
         out = self._asdict()
         del out["attachment"]  # an object of the hook's, not provenance: a restored staged batch has none
         rows: DrawnRows = out.pop("rows")
         out["indices"], out["ids"] = np.array(rows.indices, dtype=np.int64), np.array(rows.ids, dtype=np.int64)
+        out["times_sampled"] = None if rows.times is None else np.array(rows.times, dtype=np.int64)
         out["weights"] = None if self.weights is None else np.array(self.weights, dtype=np.float32)
         out["mode"] = self.mode.to_json()
         return out
@@ -148,6 +159,8 @@ class BatchInfo(NamedTuple):
     def from_state_dict(cls, state: Mapping[str, Any]) -> BatchInfo:
         d = dict(state)
         rows = DrawnRows(_array(d.pop("indices"), np.int64), _array(d.pop("ids"), np.int64))
+        times = d.pop("times_sampled", None)
+        rows.times = None if times is None else _array(times, np.int64)
         weights = d.pop("weights")
         d.update(rows=rows, mode=Mode.from_json(d["mode"]))
         d["weights"] = None if weights is None else _array(weights, np.float32)

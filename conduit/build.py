@@ -113,7 +113,8 @@ def buffer(cfg: ConduitConfig, storage: StoragePolicy, spec: ExperienceSpec | No
     return ReplayBuffer(
         cfg.capacity, storage, sampler(cfg), spec=spec, seed=cfg.seed, growable=growable,
         remover=make_remover(cfg.remover.value), max_times_sampled=cfg.max_times_sampled,
-        recycle_batches=cfg.tuning.recycle_batches, limiter=limiter, block=rl.block if rl is not None else True,
+        count_replays=cfg.count_replays, recycle_batches=cfg.tuning.recycle_batches, limiter=limiter,
+        block=rl.block if rl is not None else True,
     )
 
 

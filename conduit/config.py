@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import warnings
 from fractions import Fraction
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -225,6 +225,8 @@ class ConduitConfig(_Config):
         sampler / prioritized: off-policy selection (uniform, prioritized, fifo, lifo).
         remover: which rows a full buffer evicts (fifo ring by default).
         max_times_sampled: evict a row once learners received it this many times.
+        count_replays: count how many batches drew each row, at the draw (``"draw"``) or at the batch's
+            priority update (``"feedback"``, prioritized replay); ``batch.info.times_sampled`` reads them.
         rate_limit: samples-per-insert ratio with a tolerance band (off-policy).
         copy_on_push: when a push's write is deferred (overlapped ingestion, or ``g > 1``
             gathering several units per invocation), push first copies the unit, so an actor
@@ -261,6 +263,7 @@ class ConduitConfig(_Config):
     prioritized: PrioritizedReplay = PrioritizedReplay()
     remover: RemoverKind = RemoverKind.FIFO
     max_times_sampled: Annotated[int, Field(gt=0)] | None = None
+    count_replays: Literal["draw", "feedback"] | None = None
     rate_limit: RateLimit | None = None
     copy_on_push: bool = True
     min_size_to_sample: Annotated[int, Field(gt=0)] | None = None
@@ -325,6 +328,8 @@ class ConduitConfig(_Config):
                 )
             if self.remover is RemoverKind.PRIORITIZED and self.sampler is not SamplerKind.PRIORITIZED:
                 raise ValueError("remover='prioritized' evicts by priority and needs sampler='prioritized'")
+            if self.count_replays == "feedback" and self.sampler is not SamplerKind.PRIORITIZED:
+                raise ValueError("count_replays='feedback' counts at update_priorities and needs sampler='prioritized'")
             if self.rate_limit is not None and self.rate_limit.tolerance < self.train_batch_size:
                 raise ValueError(
                     f"rate_limit.tolerance={self.rate_limit.tolerance} is smaller than one batch "
@@ -333,7 +338,7 @@ class ConduitConfig(_Config):
         else:
             if self.tuning.batch_pool:
                 raise ValueError("tuning.batch_pool: an off-policy setting; on-policy mini-batches are fresh memory")
-            for name in ("max_times_sampled", "rate_limit"):
+            for name in ("max_times_sampled", "rate_limit", "count_replays"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name}: an off-policy replay setting; on-policy data is used once per epoch")
             if self.remover is not RemoverKind.FIFO:

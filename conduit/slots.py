@@ -11,6 +11,10 @@ until the batch reaches a learner (then the use counts in ``times_sampled``) or
 is given back (a staged batch dropped unread). A row whose uses are all counted
 or reserved is *held*: still live, but no sampler may draw it again, so two
 draws in flight never take the same use of a row (:meth:`SlotTable.candidates`).
+
+With ``count_replays`` the table also counts how many batches drew each row (Reverb's
+``times_sampled``, SRL's reuses): once per batch, at the draw or at the batch's priority
+update, reset when a slot holds a new row -- lazily, by id, so a write pays nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ __all__ = [
 class SlotTable:
     """Transition ids, validity and sample counts per slot of a ``capacity``-slot buffer."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, count_replays: str | None = None) -> None:
         self.capacity = capacity
         self.ids = np.full(capacity, -1, dtype=np.int64)
         self.times_sampled = np.zeros(capacity, dtype=np.int64)
@@ -54,6 +58,12 @@ class SlotTable:
         # next_id - 1 - ((pos - 1 - s) mod capacity), and a draw's ids can be worked out later (ring_state)
         self._pure_ring = True
         self._next_id = 0
+        #: count_replays: "draw" or "feedback" (None: not counted), each row's count, and the id it belongs to
+        self.replays_at: str | None = None
+        self.replays: np.ndarray | None = None
+        self._replays_of: np.ndarray | None = None
+        if count_replays is not None:
+            self.count_replays(count_replays)
 
     @property
     def contiguous(self) -> bool:
@@ -132,6 +142,31 @@ class SlotTable:
             self.held_count -= int(slots.size)
             self._free = None
 
+    # -- replay counts (count_replays) -------------------------------------------
+    def count_replays(self, at: str) -> None:
+        """Count each row's replays from now on: at its draw (``"draw"``) or its priority update (``"feedback"``)."""
+        self.replays_at = at
+        self.replays = np.zeros(self.capacity, dtype=np.int64)
+        self._replays_of = np.full(self.capacity, -1, dtype=np.int64)
+
+    def replays_before(self, slots: np.ndarray, ids: np.ndarray, *, count: bool) -> np.ndarray:
+        """Each row's replay count (``slots`` holding ``ids``, one batch); ``count``: this batch counts too, once
+        per row however often it drew the row (as SRL counts). A slot whose row changed starts at 0."""
+        assert self.replays is not None and self._replays_of is not None
+        stale = self._replays_of[slots] != ids
+        if stale.any():
+            self.replays[slots[stale]] = 0
+            self._replays_of[slots[stale]] = ids[stale]
+        before = self.replays[slots]
+        if count:
+            self.replays[slots] += 1  # fancy-index ``+=``: a slot drawn twice in one batch counts once
+        return before
+
+    def fed_back(self, slots: np.ndarray, ids: np.ndarray) -> None:
+        """A batch's priorities landed on ``slots`` (still holding ``ids``): counted there if ``"feedback"``."""
+        if self.replays_at == "feedback":
+            self.replays_before(slots, ids, count=True)
+
     # -- allocation -------------------------------------------------------------
     def ring_slots(self, n: int) -> np.ndarray:
         """The FIFO ring's next ``n`` slots from ``pos`` (evicting the oldest once full)."""
@@ -198,15 +233,18 @@ class SlotTable:
         return slots
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "ids": self.ids.copy(), "times_sampled": self.times_sampled.copy(), "valid": self.valid.copy(),
             "reserved": self.reserved.copy(), "count": self.count, "high": self.high, "pos": self.pos,
         }
+        if self.replays is not None and self._replays_of is not None:
+            out.update(replays=self.replays.copy(), replays_of=self._replays_of.copy())
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (a checkpoint from before reservations has none: every row free); which rows
         are held follows from the counts and the limit (:meth:`hold_spent`)."""
-        keys = ("ids", "times_sampled", "valid", *(("reserved",) if "reserved" in state else ()))
+        keys = ("ids", "times_sampled", "valid", *(k for k in ("reserved", "replays", "replays_of") if k in state))
         for key in keys:
             arr = np.asarray(state[key])
             if arr.shape != (self.capacity,):
@@ -218,6 +256,9 @@ class SlotTable:
         self.held = np.zeros(self.capacity, dtype=bool)
         self.held_count = 0
         self.count, self.high, self.pos = int(state["count"]), int(state["high"]), int(state["pos"])
+        if self.replays is not None and "replays" in state:  # (a checkpoint of a buffer that did not count: none)
+            self.replays = np.asarray(state["replays"], dtype=np.int64).copy()
+            self._replays_of = np.asarray(state["replays_of"], dtype=np.int64).copy()
         self._dense = self._free = None
         self._pure_ring, self._next_id = self._ring_arithmetic()
 

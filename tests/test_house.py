@@ -183,8 +183,8 @@ ADAPTER_LOCKS = {
     ("integrations/srl/consumer.py", "_lock"): "making one consumer class per SRL stream module",
     ("integrations/srl/prioritized.py", "_classes_lock"): "making one PER class per SRL buffer module",
     ("integrations/verl/plugin.py", "LOCK"): "registering the V1 trainers once per process",
-    ("integrations/srl/replay.py", "self._lock"): "the runtime's creation at the first put; SRL's per-slot "
-    "replay counts (bookkeeping of SRL's counting, not rows)",
+    ("integrations/srl/replay.py", "self._lock"): "the runtime's creation at the first put (the replay counts "
+    "are the runtime's: count_replays)",
     ("integrations/rllib/buffer.py", "self._lock"): "RLlib's metrics and the batches handed out, kept consistent "
     "with each add, sample and priority update (the rows are the runtime's or RLlib's own buffer's)",
 }

@@ -33,12 +33,12 @@ import torch
 from conduit.batch import DrawnRows, Sampled
 from conduit.buffers.base import ANYWHERE, ExperienceBuffer, Ticket
 from conduit.buffers.budget import UseBudget
+from conduit.buffers.priorities import PriorityOps
 from conduit.errors import CheckpointError, RateLimited, SemanticsError, SpecError
 from conduit.executor import StreamOrder
 from conduit.memory import DirectSampleMemory
 from conduit.ratelimit import RateLimiter
 from conduit.samplers.base import Draw, Sampler
-from conduit.samplers.prioritized import checked_priorities
 from conduit.slots import FifoRemover, Remover, SlotTable, slots_in_order
 from conduit.spec import Data, ExperienceSpec, SpecHolder, rows_of
 from conduit.storage.base import Storage
@@ -47,7 +47,7 @@ from conduit.storage.policy import StoragePolicy
 __all__ = ["ReplayBuffer", "Sampled"]
 
 
-class ReplayBuffer(ExperienceBuffer):
+class ReplayBuffer(PriorityOps, ExperienceBuffer):
     """Off-policy replay over ``capacity`` slots.
 
     The default (FIFO remover, no ``max_times_sampled``) is a ring: writes are
@@ -67,6 +67,7 @@ class ReplayBuffer(ExperienceBuffer):
         growable: frozenset[str] = frozenset(),
         remover: Remover | None = None,
         max_times_sampled: int | None = None,
+        count_replays: str | None = None,
         recycle_batches: bool = True,
         limiter: RateLimiter | None = None,
         block: bool = True,
@@ -83,7 +84,7 @@ class ReplayBuffer(ExperienceBuffer):
         self.storage: Storage | None = None
         self.rng = np.random.default_rng(seed)
         self.sampler.seed(int(self.rng.integers(2**62)))
-        self.table = SlotTable(capacity)
+        self.table = SlotTable(capacity, count_replays)  # count_replays: read by the delivery path, at each draw
         self.evicted_by_sampling = 0
         #: the uses left of each row (max_times_sampled), None without a limit
         self.budget = UseBudget(max_times_sampled, self.table, sampler) if max_times_sampled is not None else None
@@ -373,57 +374,6 @@ class ReplayBuffer(ExperienceBuffer):
         with self.lock:
             self.budget.unreserve(indices[self.table.ids[indices] == ids])
         self._notify(self.on_data)
-
-    def update_priorities(
-        self, indices: np.ndarray, ids: np.ndarray, priorities: np.ndarray, *, beta: float | None = None
-    ) -> int:
-        """Apply priorities where the slot still holds the sampled transition; returns how many applied.
-        ``beta``: the importance-sampling exponent from the next draw on (annealed by the framework)."""
-        if not self.sampler.has_priorities:
-            raise SemanticsError("update_priorities needs off-policy replay with sampler='prioritized'")
-        indices, ids, pr = checked_priorities(indices, ids, priorities)
-        if beta is not None and not 0.0 <= beta <= 1.0:
-            raise ValueError(f"beta: expected 0 <= beta <= 1, got {beta}")
-        with self.lock:
-            if beta is not None:
-                self.sampler.beta = float(beta)  # type: ignore[attr-defined]
-            live = self.table.ids[indices] == ids
-            if np.any(live):
-                slots = indices[live]
-                self.sampler.update_priorities(slots, pr[live])
-                if self.budget is not None:
-                    self.budget.priorities_updated(slots)
-            return int(live.sum())
-
-    # -- what the learner side may set --------------------------------------------------
-    def use_rng(self, rng: np.random.Generator) -> None:
-        """Draw with ``rng`` from now on (frameworks that seed their buffers' generator themselves)."""
-        with self.lock:
-            self.rng = rng
-
-    def set_beta(self, beta: float) -> None:
-        """Prioritized replay: the importance-sampling exponent of the next draws (annealed by the framework)."""
-        with self.lock:
-            self._priorities("set_beta").beta = float(beta)
-
-    def priorities_at(self, slots: np.ndarray) -> tuple[np.ndarray, float]:
-        """Prioritized replay: the sampler's priorities of ``slots`` (after ``** alpha``) and its max priority."""
-        with self.lock:
-            s = self._priorities("priorities_at")
-            return s.leaf_values(slots), s.max_priority
-
-    def priority_mass(self) -> tuple[float, float, float]:
-        """Prioritized replay: the rows' total ``p^alpha``, its smallest term and the sampler's beta (what a draw
-        over several buffers as one needs: :mod:`conduit.distributed`)."""
-        with self.lock:
-            s = self._priorities("priority_mass")
-            return float(s.tree.total), float(s.tree.min), float(s.beta)
-
-    def _priorities(self, what: str) -> Any:
-        """The prioritized sampler (SemanticsError naming ``what`` for any other)."""
-        if not self.sampler.has_priorities:
-            raise SemanticsError(f"{what} needs sampler='prioritized'")
-        return self.sampler
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self, *, rows: bool = True) -> dict[str, Any]:

@@ -53,8 +53,9 @@ def validate(cfg: ConduitConfig, routing: Routing) -> None:
     if cfg.policy is Policy.OFF_POLICY:
         if cfg.sampler not in (SamplerKind.UNIFORM, SamplerKind.PRIORITIZED):
             raise ConfigError(f"sampler={cfg.sampler.value!r}: a sharded buffer samples uniform or prioritized")
-        if cfg.max_times_sampled is not None:
-            raise ConfigError("max_times_sampled: not supported across ranks yet (a single-process runtime has it)")
+        for name in ("max_times_sampled", "count_replays"):
+            if getattr(cfg, name) is not None:
+                raise ConfigError(f"{name}: not supported across ranks yet (a single-process runtime has it)")
     elif routing is not Routing.LOCAL:
         raise ConfigError(f"routing={routing.value!r}: on-policy units stay on the rank that pushed them")
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
 import torch
 
 from conduit.batch import Batch, BatchInfo
@@ -179,6 +180,14 @@ class ReplayDelivery(DeliveryPath):
                 s = buffer.sample(n * len(sizes), to, reserve=reserve)
                 parts = [{k: v[i * n : (i + 1) * n] for k, v in s.data.items()} for i in range(len(sizes))]
         claim.drawn = s
+        table = buffer.table
+        if table.replays is not None:  # each batch's rows' replay counts, in draw order (count_replays)
+            with buffer.lock:
+                rows, count = s.rows, table.replays_at == "draw"
+                s.rows.times = np.concatenate([
+                    table.replays_before(rows.indices[i * n : (i + 1) * n], rows.ids[i * n : (i + 1) * n], count=count)
+                    for i in range(len(sizes))
+                ])
         if reserve:
             self._drew(claim)
         claim.buffer_version = s.version

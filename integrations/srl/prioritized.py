@@ -117,24 +117,18 @@ class ConduitPrioritizedReplay(ConduitReplayBuffer):
         info = self._match(idxes)
         edp = self.edp
         assert edp is not None
-        with self._lock:
-            slots = info.indices
-            live = self._gens[slots] == info.ids
-            self._times[slots[live]] += 1  # fancy-index ``+=``: once per slot per batch, as in SRL
-            self.training_steps += 1
-            steps = self.training_steps
+        self.training_steps += 1  # (the trainer thread's; the replay counts are the runtime's: count_replays)
         if self.beta_scheduler is not None:  # SRL anneals beta at each feedback, for the draws after it
-            self.beta = float(self.beta_scheduler.get(steps))
+            self.beta = float(self.beta_scheduler.get(self.training_steps))
         return edp.update_priorities(info, pr, beta=self.beta)
 
     def _match(self, idxes: np.ndarray) -> BatchInfo:
         info = getattr(idxes, "info", None)
         if info is not None and np.array_equal(info.indices, idxes):
             return info
-        with self._lock:  # indices that lost their provenance (copied, re-made): the newest batch they match
-            for cand in reversed(self._handed):
-                if np.array_equal(cand.indices, idxes):
-                    return cand
+        for cand in reversed(list(self._handed)):  # indices that lost their provenance: the newest batch they match
+            if np.array_equal(cand.indices, idxes):
+                return cand
         raise SemanticsError(
             "update_priorities: these sampling_indices match no batch this buffer handed out recently; "
             "pass the entry's own sampling_indices"

@@ -48,9 +48,6 @@ from .locate import HOST_FIELDS, SRLTypes, types_named
 
 __all__ = ["CLASSES", "ConduitReplayBuffer", "positive"]
 
-#: the column the delivery hook adds to a uniform replay's batch: each drawn sample's replay count before this
-#: draw. A batch staged when a checkpoint is taken carries it, so a restored one is not counted twice.
-REUSES = "_conduit_reuses"
 
 
 class ConduitReplayBuffer:
@@ -92,15 +89,13 @@ class ConduitReplayBuffer:
             sample_length=sample_length, batch_length=batch_length, learner_device=learner_device,
             timeout_s=timeout_s, conduit_config=self.conduit_config,
         )
-        # the adapter's own bookkeeping (replay counts); held briefly, never while waiting on the runtime
+        # the runtime's creation at the first put (any stream thread may put first)
         self._lock = threading.Lock()
         self.layout: RecordLayout | None = None
         self.edp: conduit.Conduit | None = None
         self.staging = Staging() if self.learner_device.type == "cpu" else None
         self._guard = HandoffGuard()
         self._warm = False  # a pull can always be served (see _warmed)
-        self._times = np.zeros(self.max_size, dtype=np.int64)  # replay count of the sample in each slot
-        self._gens = np.full(self.max_size, -1, dtype=np.int64)  # the transition id those counts belong to
         self._handed: deque[BatchInfo] = deque(maxlen=64)
 
     # -- the runtime, made at the first put (the sample length is known then) -------------------
@@ -110,6 +105,8 @@ class ConduitReplayBuffer:
             policy="off_policy", train_batch_size=self.batch_size, capacity=self.max_size,
             min_size_to_sample=max(self.batch_size, math.ceil(self.warmup_transitions / t)),
             seed=self.seed, learner_device=str(self.learner_device), timeout_s=self.timeout_s,
+            # SRL's ``reuses``: a uniform replay counts a sample at its draw, PER at its priority update
+            count_replays="feedback" if self.prioritized else "draw",
         )
         fields.update(self._sampler_fields())
         # the next batch is gathered on Conduit's delivery worker while the trainer thread runs its update: on a
@@ -162,7 +159,7 @@ class ConduitReplayBuffer:
         assert self.staging is not None and self.layout is not None
         b = self.batch_size
         rows = next(iter(data.values())).shape[0]
-        indices, ids = exp_in.info["indices"], exp_in.info["ids"]
+        times = exp_in.info["drawn"].times  # each drawn sample's replay count before this batch (count_replays)
         pinned = self.staging.pinned
         for start in range(0, rows, b):
             # (one batch per invocation, the usual case: the gathered tensors themselves, not slices of them)
@@ -183,10 +180,8 @@ class ConduitReplayBuffer:
                 out = part
             sample = self.layout.rebuild(arrays, self.types.named_array)
             entry = None
-            if not self.prioritized:  # SRL counts a prioritized replay at its feedback, on the trainer thread
-                before = self._tally(indices[start : start + b], ids[start : start + b], True)
-                out[REUSES] = torch.from_numpy(before)
-                reuses = float(before.mean())
+            if not self.prioritized:  # (PER's entry carries its sampling indices: made by get)
+                reuses = float(times[start : start + b].mean())
                 entry = self.types.replay_entry(
                     reuses_left=-1, receive_time=-1, sample=sample, reuses=reuses, sampling_indices=None
                 )
@@ -254,11 +249,9 @@ class ConduitReplayBuffer:
             return entry
         if sample is None:  # a GPU learner's batch (tensors on its device), or one restored from a checkpoint
             sample = layout.rebuild({k: self._out(k, batch[k]) for k in layout.numeric}, self.types.named_array)
-        counted = batch.get(REUSES)
-        if counted is not None:  # counted by the hook at the draw
-            reuses = float(counted.double().mean())
-        else:  # PER (counted at its feedback), or no hook ran (a GPU learner)
-            reuses = self._count(info)
+        reuses = float(info.times_sampled.mean())  # the drawn samples' replay counts before this draw
+        if self.prioritized:  # for update_priorities of indices that lost their provenance (prioritized._match)
+            self._handed.append(info)
         indices = self._annotate(sample, info)
         return self.types.replay_entry(
             reuses_left=-1, receive_time=-1, sample=sample, reuses=reuses, sampling_indices=indices
@@ -279,26 +272,6 @@ class ConduitReplayBuffer:
             return tm.cpu().numpy()
         return tm.contiguous()
 
-    def _count(self, info: BatchInfo) -> float:
-        """``get``'s count where the hook made none: the mean replay count of the drawn samples."""
-        reuses = float(self._tally(info.indices, info.ids, not self.prioritized).mean())
-        if self.prioritized:
-            with self._lock:
-                self._handed.append(info)
-        return reuses
-
-    def _tally(self, slots: np.ndarray, ids: np.ndarray, draw: bool) -> np.ndarray:
-        """Each drawn slot's replay count (a slot overwritten since it was counted starts at 0); ``draw``: count
-        this draw too (SRL counts a uniform replay at the draw, a prioritized one at its feedback)."""
-        with self._lock:
-            fresh = self._gens[slots] != ids
-            self._times[slots[fresh]] = 0
-            self._gens[slots[fresh]] = ids[fresh]
-            before = self._times[slots]
-            if draw:
-                self._times[slots] += 1  # fancy-index ``+=``: a slot drawn twice in one batch counts once, as in SRL
-        return before
-
     def _annotate(self, sample: Any, info: BatchInfo) -> np.ndarray | None:
         """PER's ``sampling_indices`` (and its weights as the sample's metadata); None for uniform replay."""
         return None
@@ -314,11 +287,10 @@ class ConduitReplayBuffer:
 
     def _adapter_state(self) -> dict[str, Any]:
         layout = self.layout.state() if self.layout is not None else None
-        return {"times": self._times.copy(), "gens": self._gens.copy(), "layout": layout}
+        return {"layout": layout}
 
     def _load_adapter_state(self, state: dict[str, Any]) -> None:
-        self._times[:] = state["times"]
-        self._gens[:] = state["gens"]
+        """(the replay counts are the runtime's, in its checkpoint)"""
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickles as its constructor arguments plus Conduit's checkpoint as bytes (:func:`conduit.ext.pack`): SRL's
@@ -327,10 +299,8 @@ class ConduitReplayBuffer:
         edp = self.edp
         blob = None
         if edp is not None:
-            # the counts at the runtime's checkpoint point: the hook that changes them is held still there
-            with edp.quiesced(self.timeout_s):
-                with self._lock:
-                    state = self._adapter_state()
+            with edp.quiesced(self.timeout_s):  # the adapter's state at the runtime's checkpoint point
+                state = self._adapter_state()
                 blob = (pack(lambda path: edp.save(path, timeout=self.timeout_s)), state)
         module = self.types.module.__name__ if self.types.module is not None else None
         return (_rebuild, (type(self).NAME, self._kwargs, blob, module))
@@ -341,7 +311,7 @@ class ConduitReplayBuffer:
             raise SemanticsError("resume into a fresh buffer (this one already holds samples)")
         layout = RecordLayout.from_state(state["layout"])
         self.layout = layout  # before the runtime: its delivery hook lays batches out by it
-        self._load_adapter_state(state)  # and counts on these; PER's beta is the sampler's from the start
+        self._load_adapter_state(state)  # PER's beta is the sampler's from the start
         edp = self._runtime(layout)
         with unpacked(files) as root:
             edp.restore(root)

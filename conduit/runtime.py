@@ -37,13 +37,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
-import torch
-
 from conduit import build, checkpoint, snapshot
-from conduit.batch import Batch, BatchInfo
+from conduit.batch import Batch
 from conduit.buffers.base import ExperienceBuffer
-from conduit.buffers.replay import ReplayBuffer
 from conduit.config import ConduitConfig
 from conduit.core import Policy, Schedule
 from conduit.errors import CheckpointError, ConduitError, ConfigError, RuntimeClosed, SemanticsError
@@ -52,6 +48,7 @@ from conduit.hooks import HookKind, HookRegistry
 from conduit.paths.delivery import DeliveryPath
 from conduit.paths.ingestion import IngestionPath
 from conduit.remote import ActorChannel, ActorLoss
+from conduit.replay_face import ReplayFace
 from conduit.spec import Data, ExperienceSpec
 from conduit.stats import RuntimeStats, collect
 from conduit.storage import StoragePolicy
@@ -63,7 +60,7 @@ log = logging.getLogger("conduit")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-class Conduit:
+class Conduit(ReplayFace):
     """An Experience Data Plane runtime (see the module docstring).
 
     Args:
@@ -265,45 +262,6 @@ class Conduit:
         self._ensure_started()
         assert self.ingestion is not None
         return self.ingestion.seal()
-
-    def update_priorities(self, batch: Batch | BatchInfo, priorities: Any, *, beta: float | None = None) -> int:
-        """Prioritized replay: new priorities (e.g. |TD error|) for a delivered batch's rows.
-
-        Rows whose slot was overwritten since the batch was sampled are skipped
-        (generation check). Returns how many priorities were applied. ``beta``:
-        the importance-sampling exponent of the draws from now on, for a
-        framework that anneals it per training step (as RLlib and SRL do).
-        """
-        self._ensure_started()
-        assert self.buffer is not None
-        info = batch.info if isinstance(batch, Batch) else batch
-        if isinstance(priorities, torch.Tensor):
-            priorities = priorities.detach().to("cpu", torch.float64).numpy()
-        return self.buffer.update_priorities(info.indices, info.ids, np.asarray(priorities), beta=beta)
-
-    def set_beta(self, beta: float) -> None:
-        """Prioritized replay: the importance-sampling exponent of the draws from now on (a batch already
-        staged keeps the weights it was drawn with), for a framework that passes it at each sample (RLlib)."""
-        self._replay("set_beta").set_beta(beta)
-
-    def use_rng(self, rng: np.random.Generator) -> None:
-        """Draw with ``rng`` from now on (a framework that owns its buffer's generator: RLlib's is settable)."""
-        self._replay("use_rng").use_rng(rng)
-
-    def load_rows(self, rows: Data, *, leaves: np.ndarray | None = None, max_priority: float = 1.0) -> int:
-        """Fill this runtime's empty replay buffer with stored rows, oldest first, and their priorities: the
-        portable contents :func:`conduit.ext.stored_in_order` reads from a checkpoint, written back into a buffer
-        of another capacity or batch size, or into another shard. No ingestion hook runs (the rows are stored
-        ones); ``leaves`` are the oldest rows' priorities after ``** alpha`` (see :meth:`ReplayBuffer.load_rows`).
-        Returns the rows stored (the newest ``capacity`` of them)."""
-        return self._replay("load_rows").load_rows(rows, leaves, max_priority)
-
-    def _replay(self, what: str) -> ReplayBuffer:
-        self._ensure_started()
-        buf = self.buffer
-        if not isinstance(buf, ReplayBuffer):
-            raise ConfigError(f"{what} needs an off-policy runtime (a replay buffer), not {self.config.policy.value}")
-        return buf
 
     def reschedule(self, schedule: Schedule, *, timeout: float | None = None) -> None:
         """Switch both paths to ``schedule`` while running (what the planner does after profiling).

@@ -22,10 +22,13 @@ import torch
 from conduit.batch import Batch, BatchInfo
 from conduit.buffers.replay import ReplayBuffer, Sampled
 from conduit.core import Mode
-from conduit.errors import RateLimited
+from conduit.errors import RateLimited, SemanticsError
 from conduit.paths.delivery import Claim, DeliveryPath, Place, Staged
 
-__all__ = ["ReplayClaim", "ReplayDelivery"]
+__all__ = ["AWAITING", "ReplayClaim", "ReplayDelivery"]
+
+#: delivered batches that await their priority update, at most (prioritized replay; the oldest are forgotten)
+AWAITING = 64
 
 
 @dataclass(eq=False, slots=True)
@@ -80,6 +83,8 @@ class ReplayDelivery(DeliveryPath):
         # gathered straight onto its device: from host memory through pinned staging (an async DMA), where a host
         # gather then the transfer operator's copy would be a pageable, synchronous one (BENCHMARKS.md, "GPU")
         self._gather_to = [d if d.type == "cuda" and self._hookless else None for d in self.devices]
+        #: prioritized replay: delivered batches awaiting their priority update, newest last (:meth:`awaited`)
+        self.awaiting: deque[BatchInfo] | None = deque(maxlen=AWAITING) if buffer.sampler.has_priorities else None
 
     @property
     def min_rows(self) -> int:
@@ -232,11 +237,36 @@ class ReplayDelivery(DeliveryPath):
             limiter.commit(rows)
         else:  # handed over in the invocation that sampled it: no reservation between
             limiter.sampled(rows)
+        if self.awaiting is not None:  # (without what a hook attached: its memory goes back when the learner drops it)
+            self.awaiting.append(info if info.attachment is None else info._replace(attachment=None))
         buffer = self.buffer
         if self._budgeted:  # else nothing is counted per row (and the arrays stay unmade)
             buffer.delivered(info.indices, info.ids, reserved=True)
         if limiter.samples_per_insert is not None:
             buffer.counted()  # actors may be waiting for learners to sample
+
+    def awaited(self, key: BatchInfo | np.ndarray | None) -> BatchInfo:
+        """The delivered batch a priority update is for, which then awaits no more: ``key`` itself (a batch's
+        info: also when it awaits none, an explicit batch may be updated again); the newest awaiting batch that
+        drew exactly the slots ``key``; or (``None``) the newest awaiting batch."""
+        awaiting = self.awaiting
+        if awaiting is not None:
+            with self._lock:
+                for i in range(len(awaiting) - 1, -1, -1):
+                    cand = awaiting[i]
+                    if key is None or (
+                        (cand.learner, cand.pull_index) == (key.learner, key.pull_index)
+                        if isinstance(key, BatchInfo) else np.array_equal(cand.indices, key)
+                    ):
+                        del awaiting[i]
+                        return cand
+        if isinstance(key, BatchInfo):
+            return key
+        what = "no delivered batch" if key is None else f"no delivered batch drew these {len(key)} slots and"
+        raise SemanticsError(
+            f"update_priorities: {what} awaits priorities (each batch takes one update; the newest {AWAITING} "
+            "wait); pull a batch first, or pass the batch itself"
+        )
 
     def _abandon(self, claim: Claim) -> None:
         assert isinstance(claim, ReplayClaim)

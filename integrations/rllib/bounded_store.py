@@ -6,9 +6,10 @@ batch from its delivery path; the registered delivery hook turns gathered rows
 into the learner's columns. Whether ingestion and delivery overlap the rollout
 and the update (the delivery worker drawing batch k+1 while the learner trains
 on k, at most ``max_staleness`` batches ahead) is Conduit's schedule's call, or
-pinned with ``prefetch``. Each handed-out batch keeps its slots and transition
-ids, so its priority update lands on its own transitions and is dropped for
-slots overwritten since (the core's generation check).
+pinned with ``prefetch``. RLlib's ``update_priorities`` names no batch: the
+runtime's ``update_priorities(None, ...)`` is for the newest delivered batch still
+awaiting its update, and lands on that batch's own transitions (dropped for slots
+overwritten since: the core's generation check).
 
 The runtime starts at the first ``sample()`` (it learns the batch size there):
 rows added during RLlib's warm-up wait as numpy arrays and enter the buffer in
@@ -28,7 +29,6 @@ the first is ``pull(rows=...)``.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,7 @@ from conduit.ext import HostGatherStoragePolicy, NStepFolder, ReplayBuffer, stor
 from .episodes import LEARNER_COLUMNS, Chunk, PreparedBatch, learner_dtype
 from .options import BufferOptions
 
-__all__ = ["BoundedStore", "Handle", "learner_columns"]
+__all__ = ["BoundedStore", "learner_columns"]
 
 
 def learner_columns(data: dict[str, torch.Tensor], weights: np.ndarray | None, n_step: int) -> dict[str, torch.Tensor]:
@@ -70,17 +70,6 @@ def _prepared(cols: dict[str, torch.Tensor]) -> PreparedBatch:
         "terminated": cols["terminateds"], "truncated": cols["truncateds"], "t_started": cols["t_started"],
     }
     return PreparedBatch({k: cols[k] for k in LEARNER_COLUMNS}, extras)
-
-
-@dataclass
-class Handle:
-    """Which ring slots and transition ids a handed-out batch holds."""
-
-    indices: np.ndarray
-    ids: np.ndarray
-    prefetched: bool
-    staleness: int = 0
-    version_lag: int = 0
 
 
 class BoundedStore:
@@ -184,7 +173,7 @@ class BoundedStore:
                               max_priority=float(restore["max_priority"]) if keep else 1.0)
 
     # -- sample ---------------------------------------------------------------------------
-    def sample(self, batch_size: int, beta: float) -> tuple[PreparedBatch, Handle]:
+    def sample(self, batch_size: int, beta: float) -> tuple[PreparedBatch, BatchInfo]:
         if self.edp is None:
             self.start(batch_size)
         edp = self.edp
@@ -199,16 +188,14 @@ class BoundedStore:
                 raise SemanticsError("cannot sample from an empty replay buffer: add episodes first")
         # the first sample()'s batch size is the runtime's pull; another is one batch of that size, drawn now
         batch = edp.pull(timeout=self.options.timeout_s, rows=batch_size)
-        return self._from_pull(batch.to_dict(), batch.info)
+        return _prepared(batch.to_dict()), batch.info
 
-    def _from_pull(self, cols: dict[str, torch.Tensor], info: BatchInfo) -> tuple[PreparedBatch, Handle]:
-        handle = Handle(info.indices, info.ids, info.mode.overlap, info.staleness, max(0, info.version_lag))
-        return _prepared(cols), handle
-
-    def update_priorities(self, handle: Handle, priorities: np.ndarray) -> int:
-        buf = self._buffer()
-        assert buf is not None
-        return buf.update_priorities(handle.indices, handle.ids, priorities)
+    def update_priorities(self, priorities: np.ndarray) -> int:
+        """For the newest delivered batch still awaiting its update (the runtime keeps which: RLlib's "the last
+        sampled batch"); SemanticsError when none awaits."""
+        if self.edp is None:
+            raise SemanticsError("update_priorities: no sampled batch awaits priorities; call sample() first")
+        return self.edp.update_priorities(None, priorities)
 
     # -- persistence ------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:

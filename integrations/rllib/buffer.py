@@ -36,8 +36,6 @@ first ``sample()``, and pickling a buffer pickles its constructor arguments and 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -46,9 +44,9 @@ from ray.rllib.env.single_agent_episode import SingleAgentEpisode
 from ray.rllib.utils import force_list
 from ray.rllib.utils.replay_buffers import EpisodeReplayBuffer, PrioritizedEpisodeReplayBuffer
 
-from conduit import ConfigError, RuntimeStats, SemanticsError
+from conduit import ConfigError, RuntimeStats
 
-from .bounded_store import BoundedStore, Handle
+from .bounded_store import BoundedStore
 from .buffer_report import BufferReport, ConduitBufferStats
 from .episodes import PreparedBatch, SampledEpisodes, chunk_from_episode, materialize
 from .exact import ExactReplay, prepared_batch
@@ -60,13 +58,6 @@ __all__ = ["ConduitBufferStats", "ConduitEpisodeReplayBuffer", "ConduitPrioritiz
 STATE_VERSION = 2
 _LOADS = {Staleness.BOUNDED.value: (1, 2), Staleness.EXACT.value: (2,)}
 
-@dataclass
-class _Handed:
-    """A bounded-mode batch handed out by ``sample()`` and still waiting for its priorities."""
-
-    size: int
-    handle: Handle
-
 
 class _ConduitReplay:
     """The shared implementation, mixed in front of RLlib's buffer class."""
@@ -74,7 +65,6 @@ class _ConduitReplay:
     _prioritized: ClassVar[bool] = False
     #: the RLlib buffer class the exact mode runs (the one the config names)
     _rllib_class: ClassVar[type[EpisodeReplayBuffer]] = EpisodeReplayBuffer
-    _MAX_HANDED = 64
 
     def __init__(
         self,
@@ -119,8 +109,6 @@ class _ConduitReplay:
             self._store = BoundedStore(
                 capacity, prioritized=self._prioritized, alpha=alpha, beta=beta, options=self.options
             )
-        self._handed: OrderedDict[int, _Handed] = OrderedDict()
-        self._next_batch_id = 0
         self._spaces: tuple[Any, Any] = (None, None)
         self._episodes_added = 0
         self.stats = ConduitBufferStats()
@@ -216,15 +204,14 @@ class _ConduitReplay:
         with self._lock:
             store = self._store
             self._check_fold(n_step, gamma)
-            batch, handle = store.sample(size, beta)
+            batch, info = store.sample(size, beta)
             # rows carry no episode id: distinct episodes per sample is not reported in this mode
-            self._report.sampled(size, len(np.unique(handle.ids)), store.folder.n * size)
-            self.stats.prefetched_samples += int(handle.prefetched)
-            self.stats.inline_samples += int(not handle.prefetched)
-            self.stats.staleness_sum += handle.staleness
-            self.stats.staleness_max = max(self.stats.staleness_max, handle.staleness)
+            self._report.sampled(size, len(np.unique(info.ids)), store.folder.n * size)
+            self.stats.prefetched_samples += int(info.mode.overlap)
+            self.stats.inline_samples += int(not info.mode.overlap)
+            self.stats.staleness_sum += info.staleness
+            self.stats.staleness_max = max(self.stats.staleness_max, info.staleness)
             batch.observation_space, batch.action_space = self._spaces
-            batch.batch_id = self._hand_out(_Handed(batch.size, handle))
             self.stats.samples += 1
             self.stats.sampled_timesteps += batch.size
 
@@ -242,8 +229,6 @@ class _ConduitReplay:
         assert isinstance(store, ExactReplay)
         with self._lock:
             episodes = store.sample(**args)
-            batch_id = self._next_batch_id
-            self._next_batch_id += 1
             self.stats.samples += 1
             self.stats.inline_samples += 1
             self.stats.sampled_timesteps += len(episodes)
@@ -254,7 +239,6 @@ class _ConduitReplay:
         if not (self.options.prepared_batches and one_step and episodes):
             return episodes
         batch = prepared_batch(episodes, self._device)
-        batch.batch_id = batch_id
 
         def build(b: PreparedBatch) -> list[SingleAgentEpisode]:
             return episodes  # RLlib's own episodes, as its buffer returned them
@@ -287,47 +271,26 @@ class _ConduitReplay:
                 "(enable_conduit does) or use staleness='exact'"
             )
 
-    def _hand_out(self, handed: _Handed) -> int:
-        batch_id = self._next_batch_id
-        self._next_batch_id += 1
-        self._handed[batch_id] = handed
-        while len(self._handed) > self._MAX_HANDED:
-            self._handed.popitem(last=False)
-        return batch_id
-
     # -- priorities ------------------------------------------------------------------------
-    def update_priorities(self, priorities: Any, module_id: str | None = None, *, batch_id: int | None = None) -> int:
-        """New priorities for a sampled batch (default: the last one); returns how many landed.
+    def update_priorities(self, priorities: Any, module_id: str | None = None) -> int:
+        """New priorities for the last sampled batch that has none yet; returns how many landed.
 
-        Exact mode: RLlib's own ``update_priorities`` with the priorities as given, for the last
-        sampled batch only. Bounded mode: rows whose transition left the buffer since the batch
-        was drawn are skipped.
+        Exact mode: RLlib's own ``update_priorities``. Bounded mode: the runtime's, for the newest
+        delivered batch still awaiting its update (each batch takes one); rows whose transition left
+        the buffer since the batch was drawn are skipped.
         """
         with self._lock:
             if not self._prioritized:
                 return 0
             store = self._store
             if isinstance(store, ExactReplay):
-                if batch_id is not None and batch_id != self._next_batch_id - 1:
-                    raise SemanticsError(f"update_priorities: the exact mode updates the last sampled batch only, "
-                                         f"not batch {batch_id}")
                 applied = store.update_priorities(priorities, module_id)
                 self._count_update(applied, applied)
                 return applied
             if isinstance(priorities, torch.Tensor):
                 priorities = priorities.detach().cpu().numpy()
             pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
-            if batch_id is None:
-                batch_id = next(reversed(self._handed), None)
-            handed = self._handed.pop(batch_id, None) if batch_id is not None else None
-            if handed is None:
-                raise SemanticsError(
-                    f"update_priorities: no sampled batch {'' if batch_id is None else batch_id} awaits "
-                    "priorities; call sample() first (each batch takes one update)"
-                )
-            if len(pr) != handed.size:
-                raise ValueError(f"update_priorities: {len(pr)} priorities for a batch of {handed.size} transitions")
-            applied = store.update_priorities(handed.handle, pr)
+            applied = store.update_priorities(pr)
             self._count_update(len(pr), applied)
             return applied
 
@@ -419,7 +382,6 @@ class _ConduitReplay:
                 "stats": self.stats.as_dict(),
                 "spaces": self._spaces,
                 "episodes_added": self._episodes_added,
-                "next_batch_id": self._next_batch_id,
             }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -440,8 +402,6 @@ class _ConduitReplay:
             self.stats = ConduitBufferStats(**state["stats"])
             self._spaces = tuple(state["spaces"])  # type: ignore[assignment]
             self._episodes_added = int(state["episodes_added"])
-            self._next_batch_id = int(state["next_batch_id"])
-            self._handed.clear()
 
     def close(self) -> None:
         """Stop the bounded mode's runtime workers (idempotent); the algorithm calls it on ``stop()``."""

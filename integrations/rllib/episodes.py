@@ -116,7 +116,6 @@ class PreparedBatch:
     extras: dict[str, Any]
     observation_space: Any = None
     action_space: Any = None
-    batch_id: int = -1
     consumed: bool = False
 
     @property

@@ -35,7 +35,7 @@ from conduit.ext import HandoffGuard, Staging
 from .consumer import ConduitSampleConsumer, consumer_class, install_consumers
 from .install import BUFFER_NAMES, Installation, install, installed, make, uninstall
 from .locate import BUFFER_MODULES, SRLTypes, find, loaded, types_of
-from .prioritized import ConduitPrioritizedReplay, SamplingIndices, prioritized_class
+from .prioritized import ConduitPrioritizedReplay, prioritized_class
 from .replay import ConduitReplayBuffer
 from .reuse_queue import ConduitQueueBuffer
 
@@ -49,7 +49,6 @@ __all__ = [
     "HandoffGuard",
     "Installation",
     "SRLTypes",
-    "SamplingIndices",
     "Staging",
     "consumer_class",
     "find",

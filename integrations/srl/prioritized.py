@@ -25,24 +25,7 @@ from conduit import BatchInfo, ConfigError, SemanticsError
 from .locate import SRLTypes
 from .replay import CLASSES, ConduitReplayBuffer
 
-__all__ = ["ConduitPrioritizedReplay", "SamplingIndices", "prioritized_class"]
-
-
-class SamplingIndices(np.ndarray):
-    """``ReplayEntry.sampling_indices``: the drawn slots (int64), carrying the batch's provenance for the priority
-    update (``info``), so feedback lands on the transitions drawn, never on whatever holds those slots now."""
-
-    info: BatchInfo | None
-
-    def __new__(cls, slots: np.ndarray, info: BatchInfo | None) -> SamplingIndices:
-        obj = np.asarray(slots, dtype=np.int64).view(cls)
-        obj.info = info
-        return obj
-
-    def __array_finalize__(self, obj: Any) -> None:
-        self.info = getattr(obj, "info", None)
-
-
+__all__ = ["ConduitPrioritizedReplay", "prioritized_class"]
 
 
 class ConduitPrioritizedReplay(ConduitReplayBuffer):
@@ -96,10 +79,10 @@ class ConduitPrioritizedReplay(ConduitReplayBuffer):
         return {"sampler": "prioritized", "prioritized": conduit.PrioritizedReplay(
             alpha=self.alpha, beta=self.beta, eps=1e-300, max_priority=self.max_priority)}
 
-    def _annotate(self, sample: Any, info: BatchInfo) -> SamplingIndices:
+    def _annotate(self, sample: Any, info: BatchInfo) -> np.ndarray:
         weights = np.asarray(info.weights, dtype=np.float32)
         sample.register_metadata(sampling_weight=weights)
-        return SamplingIndices(info.indices, info)
+        return np.array(info.indices, dtype=np.int64)  # the trainer's to keep: the runtime matches them at feedback
 
     def update_priorities(self, idxes: np.ndarray, priorities: Any) -> int:
         """New priorities for a batch ``get()`` returned (``entry.sampling_indices``); returns how many applied."""
@@ -114,25 +97,22 @@ class ConduitPrioritizedReplay(ConduitReplayBuffer):
             )
         if not np.all(pr > 0):
             raise ValueError("update_priorities: SRL's PER takes priorities > 0")
-        info = self._match(idxes)
+        # the runtime matches the indices to the newest batch it delivered with them that awaits its update, and
+        # applies them generation-checked (dropped where a slot holds a new sample now) and counts the replays
+        steps = self.training_steps + 1
+        beta = float(self.beta_scheduler.get(steps)) if self.beta_scheduler is not None else self.beta
         edp = self.edp
-        assert edp is not None
-        self.training_steps += 1  # (the trainer thread's; the replay counts are the runtime's: count_replays)
-        if self.beta_scheduler is not None:  # SRL anneals beta at each feedback, for the draws after it
-            self.beta = float(self.beta_scheduler.get(self.training_steps))
-        return edp.update_priorities(info, pr, beta=self.beta)
-
-    def _match(self, idxes: np.ndarray) -> BatchInfo:
-        info = getattr(idxes, "info", None)
-        if info is not None and np.array_equal(info.indices, idxes):
-            return info
-        for cand in reversed(list(self._handed)):  # indices that lost their provenance: the newest batch they match
-            if np.array_equal(cand.indices, idxes):
-                return cand
-        raise SemanticsError(
-            "update_priorities: these sampling_indices match no batch this buffer handed out recently; "
-            "pass the entry's own sampling_indices"
-        )
+        if edp is None:
+            raise SemanticsError("update_priorities: nothing was sampled from this buffer yet")
+        try:
+            applied = edp.update_priorities(idx.astype(np.int64), pr, beta=beta)
+        except SemanticsError as exc:
+            raise SemanticsError(
+                "update_priorities: these sampling_indices match no batch this buffer handed out that awaits its "
+                "priorities; pass the entry's own sampling_indices, once"
+            ) from exc
+        self.training_steps, self.beta = steps, beta  # SRL anneals beta at each feedback, for the draws after it
+        return applied
 
     def _adapter_state(self) -> dict[str, Any]:
         return {**super()._adapter_state(), "training_steps": self.training_steps, "beta": self.beta}

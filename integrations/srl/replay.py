@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 import queue
 import threading
-from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -96,7 +95,6 @@ class ConduitReplayBuffer:
         self.staging = Staging() if self.learner_device.type == "cpu" else None
         self._guard = HandoffGuard()
         self._warm = False  # a pull can always be served (see _warmed)
-        self._handed: deque[BatchInfo] = deque(maxlen=64)
 
     # -- the runtime, made at the first put (the sample length is known then) -------------------
     def _config(self, layout: RecordLayout) -> conduit.ConduitConfig:
@@ -250,8 +248,6 @@ class ConduitReplayBuffer:
         if sample is None:  # a GPU learner's batch (tensors on its device), or one restored from a checkpoint
             sample = layout.rebuild({k: self._out(k, batch[k]) for k in layout.numeric}, self.types.named_array)
         reuses = float(info.times_sampled.mean())  # the drawn samples' replay counts before this draw
-        if self.prioritized:  # for update_priorities of indices that lost their provenance (prioritized._match)
-            self._handed.append(info)
         indices = self._annotate(sample, info)
         return self.types.replay_entry(
             reuses_left=-1, receive_time=-1, sample=sample, reuses=reuses, sampling_indices=indices

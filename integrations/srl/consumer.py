@@ -31,6 +31,7 @@ from types import ModuleType
 from typing import Any
 
 from .install import Installation
+from .locate import first_module
 
 __all__ = ["STREAM_MODULES", "ConduitSampleConsumer", "consumer_class", "install_consumers"]
 
@@ -113,19 +114,8 @@ def _rebuild(inner: Any, installation: Installation | None, module: str | None) 
 
 def find_stream(module: str | ModuleType | None = None) -> ModuleType:
     """SRL's sample-stream module (``ImportError`` naming what was tried)."""
-    if isinstance(module, ModuleType):
-        return module
-    reasons = []
-    for name in (module,) if module else STREAM_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except Exception as e:  # SRL's api.config needs Python 3.10's dataclass rules (docs/srl.md, Limits)
-            reasons.append(f"{name}: {type(e).__name__}: {e}")
-            continue
-        if hasattr(mod, "make_consumer") and hasattr(mod, "SampleConsumer"):
-            return mod
-        reasons.append(f"{name}: no make_consumer / SampleConsumer")
-    raise ImportError("SRL's sample-stream module was not found (" + "; ".join(reasons) + ")")
+    candidates = (module,) if module else STREAM_MODULES
+    return first_module(candidates, ("make_consumer", "SampleConsumer"), "SRL's sample-stream module")
 
 
 def install_consumers(

@@ -54,25 +54,30 @@ def find(module: str | ModuleType | None = None) -> ModuleType:
 
     Raises ``ImportError`` naming each candidate and why it failed.
     """
-    if isinstance(module, ModuleType):
-        candidates: tuple[str | ModuleType, ...] = (module,)
-    else:
-        candidates = (module,) if module else BUFFER_MODULES
+    return first_module(
+        (module,) if module else BUFFER_MODULES, _NEEDED, "SRL's buffer module",
+        ". SRL is not on PyPI: clone openpsi-projects/srl and `pip install -e .` (package rlsrl), or put the "
+        "monorepo's root on sys.path; then `pip install '.[srl]'` in a clone of Conduit for the buffer layer's own "
+        "dependencies",
+    )
+
+
+def first_module(candidates: tuple[str | ModuleType, ...], needed: tuple[str, ...], what: str, hint: str = ""
+                 ) -> ModuleType:
+    """The first of ``candidates`` (names or modules) that imports and has each of ``needed``; else ``ImportError``
+    naming each candidate and why it was not it (an SRL checkout may fail to import: its Python version, a
+    missing dependency)."""
     reasons = []
     for cand in candidates:
         try:
             mod = cand if isinstance(cand, ModuleType) else importlib.import_module(cand)
-        except Exception as e:  # an SRL checkout that fails to import (Python version, a missing dependency)
+        except Exception as e:
             reasons.append(f"{cand}: {type(e).__name__}: {e}")
             continue
-        if looks_like_srl(mod):
+        if all(hasattr(mod, name) for name in needed):
             return mod
-        reasons.append(f"{mod.__name__}: not SRL's buffer module (needs {', '.join(_NEEDED)})")
-    raise ImportError(
-        "SRL's buffer layer was not found (" + "; ".join(reasons) + "). SRL is not on PyPI: clone "
-        "openpsi-projects/srl and `pip install -e .` (package rlsrl), or put the monorepo's root on sys.path; "
-        "then `pip install '.[srl]'` in a clone of Conduit for the buffer layer's own dependencies"
-    )
+        reasons.append(f"{mod.__name__}: not {what} (needs {', '.join(needed)})")
+    raise ImportError(f"{what} was not found (" + "; ".join(reasons) + ")" + hint)
 
 
 def namedarray_of(buffer_module: ModuleType) -> ModuleType | None:

@@ -37,15 +37,17 @@ are feasible starts the mini-batches early (KnitTrans-style
 constraint-preserving early mini-batches) without breaking a group, the
 batch's mix or the staleness bound. Pure Python, no threads: a framework's
 sampler maps its own state onto :class:`GroupInfo` and acts on each
-:class:`Admission` (``conduit.integrations.verl.sampler`` does it for verl's
-replay buffer, whose rules these are).
+:class:`Admission`, or hands :meth:`AdmissionController.poll` a snapshot of its
+state and its eviction and refill calls (``conduit.integrations.verl.sampler``
+does it for verl's replay buffer, whose rules these are).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["ANY_SOURCE", "STRATEGIES", "Admission", "AdmissionConfig", "AdmissionController", "GroupInfo"]
@@ -140,6 +142,23 @@ class Admission:
     misfit: list[GroupInfo] = field(default_factory=list)
     deficit: dict[str, int] = field(default_factory=dict)
     blocked: bool = False
+
+
+@dataclass
+class Polled:
+    """What :meth:`AdmissionController.poll` admitted, and what it took: seconds waited, groups evicted as stale
+    or misfit and refilled (over every poll), polls the ``wait`` rule held back."""
+
+    admitted: list[GroupInfo]
+    wait_s: float = 0.0
+    stale: int = 0
+    misfit: int = 0
+    refilled: int = 0
+    blocked: int = 0
+
+
+#: a framework's state at one poll: its terminal groups, the groups in flight per source, the oldest in-flight version
+Snapshot = tuple[Sequence[GroupInfo], Mapping[str, int], int | None]
 
 
 class AdmissionController:
@@ -260,6 +279,36 @@ class AdmissionController:
         replaced = [*out.stale, *out.misfit]
         out.deficit = self.deficit([g for g in pool if g.uid not in admitted] + replaced, inflight)
         return out
+
+    def poll(
+        self, snapshot: Callable[[], Snapshot], version: int, want: int, *, evict: Callable[[set[str]], None],
+        refill: Callable[[int], None] | None, timeout_s: float, interval_s: float,
+    ) -> Polled:
+        """Offer fresh snapshots until ``want`` groups are admitted: each poll evicts what the offer evicted
+        (``evict`` their uids), refills one for one plus the quotas' deficit (``refill``, if given), and offers a
+        fresh snapshot at once after evicting, else after ``interval_s``; ``TimeoutError`` after ``timeout_s``."""
+        t0 = time.monotonic()
+        out = Polled([])
+        while True:
+            finished, inflight, oldest = snapshot()
+            decision = self.offer(finished, inflight, version, want=want, oldest_inflight=oldest)
+            gone = {g.uid for g in (*decision.stale, *decision.misfit)}
+            if gone:
+                evict(gone)
+                out.stale += len(decision.stale)
+                out.misfit += len(decision.misfit)
+            out.blocked += decision.blocked
+            n = len(gone) + sum(decision.deficit.values())
+            if n and refill is not None:  # none on-policy: the controller evicts nothing there
+                refill(n)
+                out.refilled += n
+            if decision.admitted:
+                out.admitted, out.wait_s = decision.admitted, time.monotonic() - t0
+                return out
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"no {want} admissible whole groups within {timeout_s}s")
+            if not gone:  # after evicting, select on a fresh snapshot at once
+                time.sleep(interval_s)
 
     def check_want(self, want: int | None) -> None:
         """A sample's size: on-policy the whole step; otherwise whole units within what is left of the train batch."""

@@ -234,3 +234,30 @@ def test_every_uid_is_decided_at_most_once_over_steps(seed: int, bound, strategy
         assert ctl.total == batch
         if step < 6:
             ctl.next_batch()
+
+
+def test_poll_evicts_refills_and_admits_from_fresh_snapshots_and_gives_up_in_time() -> None:
+    """The sampler's loop as the core runs it: a failed group is evicted (its uid cleared) and refilled one for one,
+    the next snapshot is taken at once, and the admission comes when a unit of whole groups has finished."""
+    ctl = ctl_for(group_size=2, mini_batch_groups=2, batch_groups=2)
+    polls: list[int] = []
+    cleared: list[set[str]] = []
+    refills: list[int] = []
+    states = [
+        ([GroupInfo("a", 0, size=2), GroupInfo("bad", 0, size=2, failed=True)], {"*": 1}),
+        ([GroupInfo("a", 0, size=2)], {"*": 2}),  # the replacement runs: one poll waits
+        ([GroupInfo("a", 0, size=2), GroupInfo("c", 0, size=2)], {}),
+    ]
+
+    def snapshot():
+        polls.append(len(polls))
+        finished, inflight = states[min(len(polls) - 1, len(states) - 1)]
+        return finished, inflight, 0 if inflight else None
+
+    out = ctl.poll(snapshot, 0, 2, evict=cleared.append, refill=refills.append, timeout_s=5.0, interval_s=0.001)
+    assert [g.uid for g in out.admitted] == ["a", "c"] and len(polls) == 3
+    assert cleared == [{"bad"}] and refills == [1] and (out.misfit, out.refilled, out.stale) == (1, 1, 0)
+    with pytest.raises(TimeoutError, match="no 2 admissible whole groups"):
+        ctl_for(group_size=2, mini_batch_groups=2, batch_groups=2).poll(
+            lambda: ([], {"*": 2}, 0), 0, 2, evict=cleared.append, refill=None, timeout_s=0.05, interval_s=0.01
+        )

@@ -43,14 +43,13 @@ group's source), ``poll_interval`` and ``timeout_s``.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from typing import Any
 
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
-from conduit.ext import ANY_SOURCE, Admission, AdmissionConfig, AdmissionController, GroupInfo
+from conduit.ext import ANY_SOURCE, AdmissionConfig, AdmissionController, GroupInfo
 
 __all__ = ["ConduitAdmissionBuffer"]
 
@@ -128,45 +127,23 @@ class ConduitAdmissionBuffer(ReplayBufferAsync):
         if self.admitted_step != global_steps:  # a new step: its quotas start (a step never inherits a partial one)
             self.admission.next_batch()
             self.admitted_step = global_steps
-        on_policy = self.admission.config.on_policy
-        deadline = time.monotonic() + self.timeout_s
-        t0 = time.monotonic()
-        stale = misfit = refilled = blocked = 0
-        while True:
+        def snapshot() -> tuple[list[GroupInfo], Counter[str], int | None]:
             self._sync_metadata_from_transfer_queue()
-            inflight, oldest = self.inflight(partition_id)
-            decision: Admission = self.admission.offer(
-                self.terminal_groups(partition_id, global_steps),
-                inflight,
-                global_steps,
-                want=batch_size,
-                oldest_inflight=oldest,
-            )
-            gone = {g.uid for g in (*decision.stale, *decision.misfit)}
-            if gone:
-                self._clear_groups(partition_id, gone)
-                stale += len(decision.stale)
-                misfit += len(decision.misfit)
-            blocked += decision.blocked
-            refill = len(gone) + sum(decision.deficit.values())
-            if refill and self.refill_fn is not None:  # none on-policy: the controller evicts nothing there
-                self.refill_fn(refill)
-                refilled += refill
-            if decision.admitted:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no {batch_size} admissible whole groups within {self.timeout_s}s")
-            if not gone:  # as verl: after evicting, select on a fresh snapshot at once
-                time.sleep(self.poll_interval)
-        uids = [g.uid for g in decision.admitted]
-        if on_policy and not any(g.size for g in decision.admitted):
+            return (self.terminal_groups(partition_id, global_steps), *self.inflight(partition_id))
+
+        polled = self.admission.poll(
+            snapshot, global_steps, batch_size, evict=lambda uids: self._clear_groups(partition_id, uids),
+            refill=self.refill_fn, timeout_s=self.timeout_s, interval_s=self.poll_interval,
+        )
+        uids = [g.uid for g in polled.admitted]
+        if self.admission.config.on_policy and not any(g.size for g in polled.admitted):
             raise RuntimeError("Sync replay buffer selected terminal groups with no materializable trajectories.")
         metrics: dict[str, float] = {
-            "conduit/admission_wait_s": time.monotonic() - t0,
+            "conduit/admission_wait_s": polled.wait_s,
             "conduit/admitted_groups": len(uids),
-            "conduit/evicted_stale_groups": stale,  # over every poll of this call
-            "conduit/evicted_misfit_groups": misfit,
-            "conduit/refilled_groups": refilled,
-            "conduit/blocked_polls": blocked,
+            "conduit/evicted_stale_groups": polled.stale,  # over every poll of this call
+            "conduit/evicted_misfit_groups": polled.misfit,
+            "conduit/refilled_groups": polled.refilled,
+            "conduit/blocked_polls": polled.blocked,
         }
         return self._materialize_batch(partition_id, uids, dict(self.partitions[partition_id])), metrics

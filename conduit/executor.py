@@ -223,6 +223,10 @@ class Worker:
                 pass
         try:
             while not self.stopping.is_set() and self._failure.error is None:
+                # before each turn, hand the interpreter to a thread waiting for it: a turn mostly starts because a
+                # learner's pull woke the worker, and that learner, which lets the interpreter go for a moment
+                # whenever it frees a batch's tensors, must not then wait out the worker's Python (BENCHMARKS.md, SRL)
+                time.sleep(0)
                 self._step()
         except BaseException as exc:
             if not (isinstance(exc, RuntimeClosed) and self._failure.closed):  # an invocation that outlived close()

@@ -438,3 +438,33 @@ def test_a_seal_racing_a_push_waits_for_the_push_to_be_admitted():
         second = list(edp.minibatches())
         assert first == [0, 0] and [b.info.iteration for b in second] == [1, 1]
         assert sorted(torch.cat([b["tid"] for b in second]).tolist()) == list(range(8, 14))
+
+
+def test_a_worker_hands_the_interpreter_over_before_each_turn(monkeypatch):
+    """A learner that lets the interpreter go for a moment (freeing a batch's tensors) must get it back before the
+    worker woken by its pull runs a turn of Python: the worker yields (``time.sleep(0)``) before every turn."""
+    import types
+
+    from conduit import executor
+
+    events: list[str] = []
+
+    def sleep(seconds: float) -> None:
+        if threading.current_thread().name == "conduit-probe" and seconds == 0:
+            events.append("yield")
+        time.sleep(seconds)
+
+    monkeypatch.setattr(executor, "time", types.SimpleNamespace(
+        **{**{n: getattr(time, n) for n in dir(time) if not n.startswith("_")}, "sleep": sleep}))
+    done = threading.Event()
+
+    def step() -> None:
+        events.append("turn")
+        if events.count("turn") == 3:
+            done.set()
+            worker.stopping.set()
+
+    worker = executor.Worker("probe", step, executor.FailureBox(), threading.Condition())
+    worker.start()
+    assert done.wait(10) and worker.stop(5)
+    assert events == ["yield", "turn"] * 3

@@ -59,11 +59,10 @@ class SlotTable:
         self._pure_ring = True
         self._next_id = 0
         #: count_replays: "draw" or "feedback" (None: not counted), each row's count, and the id it belongs to
-        self.replays_at: str | None = None
-        self.replays: np.ndarray | None = None
-        self._replays_of: np.ndarray | None = None
-        if count_replays is not None:
-            self.count_replays(count_replays)
+        self.replays_at = count_replays
+        counting = count_replays is not None
+        self.replays = np.zeros(capacity, dtype=np.int64) if counting else None
+        self._replays_of = np.full(capacity, -1, dtype=np.int64) if counting else None
 
     @property
     def contiguous(self) -> bool:
@@ -143,12 +142,6 @@ class SlotTable:
             self._free = None
 
     # -- replay counts (count_replays) -------------------------------------------
-    def count_replays(self, at: str) -> None:
-        """Count each row's replays from now on: at its draw (``"draw"``) or its priority update (``"feedback"``)."""
-        self.replays_at = at
-        self.replays = np.zeros(self.capacity, dtype=np.int64)
-        self._replays_of = np.full(self.capacity, -1, dtype=np.int64)
-
     def replays_before(self, slots: np.ndarray, ids: np.ndarray, *, count: bool) -> np.ndarray:
         """Each row's replay count (``slots`` holding ``ids``, one batch); ``count``: this batch counts too, once
         per row however often it drew the row (as SRL counts). A slot whose row changed starts at 0."""

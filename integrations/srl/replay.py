@@ -295,9 +295,8 @@ class ConduitReplayBuffer:
         edp = self.edp
         blob = None
         if edp is not None:
-            with edp.quiesced(self.timeout_s):  # the adapter's state at the runtime's checkpoint point
-                state = self._adapter_state()
-                blob = (pack(lambda path: edp.save(path, timeout=self.timeout_s)), state)
+            # (no hook changes the adapter's state: the replay counts are the runtime's, in its checkpoint)
+            blob = (pack(lambda path: edp.save(path, timeout=self.timeout_s)), self._adapter_state())
         module = self.types.module.__name__ if self.types.module is not None else None
         return (_rebuild, (type(self).NAME, self._kwargs, blob, module))
 

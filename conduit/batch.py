@@ -33,7 +33,7 @@ class DrawnRows:
     slot ``s`` held id ``next_id - 1 - ((pos - 1 - s) mod capacity)``.
     """
 
-    __slots__ = ("_ids", "_indices", "_ring", "_tensor", "times")
+    __slots__ = ("_ids", "_indices", "_ring", "_tensor", "fed_back", "lineage", "times")
 
     def __init__(
         self,
@@ -53,6 +53,10 @@ class DrawnRows:
         self._ring = ring  # (pos, next_id, capacity) of a pure ring at the draw
         #: each row's replay count before this draw (``count_replays``), else None
         self.times: np.ndarray | None = None
+        #: the replay buffer's lineage it was drawn from (an update names no other buffer's rows), None if unknown
+        self.lineage: int | None = None
+        #: a priority update has counted these rows (``count_replays="feedback"``: a batch counts once)
+        self.fed_back = False
 
     @property
     def indices(self) -> np.ndarray:
@@ -89,6 +93,7 @@ class DrawnRows:
             ring=self._ring,
         )
         rows.times = None if self.times is None else self.times[part]
+        rows.lineage = self.lineage
         return rows
 
 
@@ -151,6 +156,7 @@ class BatchInfo(NamedTuple):
         rows: DrawnRows = out.pop("rows")
         out["indices"], out["ids"] = np.array(rows.indices, dtype=np.int64), np.array(rows.ids, dtype=np.int64)
         out["times_sampled"] = None if rows.times is None else np.array(rows.times, dtype=np.int64)
+        out["lineage"] = rows.lineage
         out["weights"] = None if self.weights is None else np.array(self.weights, dtype=np.float32)
         out["mode"] = self.mode.to_json()
         return out
@@ -161,6 +167,8 @@ class BatchInfo(NamedTuple):
         rows = DrawnRows(_array(d.pop("indices"), np.int64), _array(d.pop("ids"), np.int64))
         times = d.pop("times_sampled", None)
         rows.times = None if times is None else _array(times, np.int64)
+        lineage = d.pop("lineage", None)
+        rows.lineage = None if lineage is None else int(lineage)
         weights = d.pop("weights")
         d.update(rows=rows, mode=Mode.from_json(d["mode"]))
         d["weights"] = None if weights is None else _array(weights, np.float32)

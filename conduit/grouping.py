@@ -305,10 +305,11 @@ class AdmissionController:
             if decision.admitted:
                 out.admitted, out.wait_s = decision.admitted, time.monotonic() - t0
                 return out
-            if time.monotonic() - t0 > timeout_s:
+            left = timeout_s - (time.monotonic() - t0)
+            if left <= 0:
                 raise TimeoutError(f"no {want} admissible whole groups within {timeout_s}s")
-            if not gone:  # after evicting, select on a fresh snapshot at once
-                time.sleep(interval_s)
+            if not gone:  # after evicting, select on a fresh snapshot at once; never sleep past the timeout
+                time.sleep(min(interval_s, left))
 
     def check_want(self, want: int | None) -> None:
         """A sample's size: on-policy the whole step; otherwise whole units within what is left of the train batch."""

@@ -22,6 +22,7 @@ from conduit.config import ConduitConfig
 from conduit.errors import ConfigError, SemanticsError
 from conduit.paths.delivery import DeliveryPath
 from conduit.paths.replay import ReplayDelivery
+from conduit.samplers.prioritized import checked_priorities
 from conduit.spec import Data
 
 __all__ = ["ReplayFace"]
@@ -51,16 +52,25 @@ class ReplayFace:
         from now on, for a framework that anneals it per training step (RLlib, SRL).
         """
         self._ensure_started()
-        assert self.buffer is not None
-        delivery = self.delivery
-        info = batch.info if isinstance(batch, Batch) else batch
-        if isinstance(delivery, ReplayDelivery):
-            info = delivery.awaited(info)
-        elif not isinstance(info, BatchInfo):
+        buf, delivery = self.buffer, self.delivery
+        if not (isinstance(buf, ReplayBuffer) and buf.sampler.has_priorities and isinstance(delivery, ReplayDelivery)):
             raise SemanticsError("update_priorities needs off-policy replay with sampler='prioritized'")
         if isinstance(priorities, torch.Tensor):
             priorities = priorities.detach().to("cpu", torch.float64).numpy()
-        return self.buffer.update_priorities(info.indices, info.ids, np.asarray(priorities), beta=beta)
+        pr = np.asarray(priorities)
+        if beta is not None and not 0.0 <= beta <= 1.0:
+            raise ValueError(f"beta: expected 0 <= beta <= 1, got {beta}")
+        key = batch.info if isinstance(batch, Batch) else batch
+        if isinstance(key, BatchInfo) and key.rows.lineage not in (None, buf.lineage):
+            raise SemanticsError(
+                "update_priorities: this batch was drawn from another replay buffer (another Conduit, or one not "
+                "restored from this one's checkpoint): its slots hold other rows here"
+            )
+        info = delivery.awaited(key, lambda b: checked_priorities(b.indices, b.ids, pr))
+        rows = info.rows
+        applied = buf.update_priorities(info.indices, info.ids, pr, beta=beta, count=not rows.fed_back)
+        rows.fed_back = True  # a batch's replay counts take its first update only (count_replays="feedback")
+        return applied
 
     def set_beta(self, beta: float) -> None:
         """Prioritized replay: the importance-sampling exponent of the draws from now on (a batch already

@@ -7,6 +7,7 @@ compares them with verl's own buffer.
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -261,3 +262,12 @@ def test_poll_evicts_refills_and_admits_from_fresh_snapshots_and_gives_up_in_tim
         ctl_for(group_size=2, mini_batch_groups=2, batch_groups=2).poll(
             lambda: ([], {"*": 2}, 0), 0, 2, evict=cleared.append, refill=None, timeout_s=0.05, interval_s=0.01
         )
+
+
+def test_poll_never_sleeps_past_its_timeout() -> None:
+    """A poll interval longer than the timeout is cut short: the TimeoutError comes at the timeout."""
+    ctl = ctl_for(group_size=2, mini_batch_groups=2, batch_groups=2)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        ctl.poll(lambda: ([], {"*": 2}, 0), 0, 2, evict=lambda uids: None, refill=None, timeout_s=0.2, interval_s=30)
+    assert time.monotonic() - t0 < 10  # not the 30 s interval (a busy host may add seconds, never 30)

@@ -86,3 +86,53 @@ def test_what_a_delivery_hook_attached_is_not_kept_for_the_update():
         assert b.info.attachment is not None
         assert all(info.attachment is None for info in edp.delivery.awaiting)
         assert edp.update_priorities(None, torch.ones(4)) == 4
+
+
+@pytest.mark.parametrize("bad", [[1.0, float("nan"), 1.0, 1.0], [1.0, -1.0, 1.0, 1.0], [1.0, 1.0]], ids=str)
+def test_a_refused_update_leaves_its_batch_awaiting(bad):
+    """The priorities are checked before the batch stops awaiting: the corrected retry lands on the same batch."""
+    with prioritized() as edp:
+        edp.push(transitions(16))
+        a, b = edp.pull(), edp.pull()
+        with pytest.raises(ValueError):
+            edp.update_priorities(None, np.array(bad))
+        with pytest.raises(ValueError, match="beta"):
+            edp.update_priorities(None, torch.ones(4), beta=2.0)
+        assert edp.update_priorities(None, torch.full((4,), 7.0)) == 4  # b, as the refused calls meant
+        assert np.allclose(leaves_of(edp, np.unique(b.info.indices)), 7.0 ** 0.6)
+        assert [(i.pull_index) for i in edp.delivery.awaiting] == [a.info.pull_index]
+
+
+def test_a_batch_of_another_buffer_is_refused_and_this_buffers_batch_keeps_awaiting():
+    """Two runtimes' batches share slot numbers, pull indices and ids: an update names its buffer's rows only."""
+    with prioritized() as demos, prioritized() as online:
+        demos.push(transitions(16))
+        online.push(transitions(16, start=100))
+        theirs, mine = demos.pull(), online.pull()
+        before = leaves_of(online, np.unique(mine.info.indices))
+        with pytest.raises(SemanticsError, match="another replay buffer"):
+            online.update_priorities(theirs, torch.full((4,), 50.0))
+        assert np.allclose(leaves_of(online, np.unique(mine.info.indices)), before)
+        assert online.update_priorities(None, torch.full((4,), 3.0)) == 4  # its own batch still awaited
+
+
+def test_a_batch_restored_from_a_checkpoint_belongs_to_the_restored_buffer(tmp_path):
+    """The lineage travels with the checkpoint: a restored runtime takes the saved one's batches' updates."""
+    with prioritized() as edp:
+        edp.push(transitions(16))
+        b = edp.pull()
+        edp.save(tmp_path / "ckpt")
+    with prioritized() as again:
+        again.restore(tmp_path / "ckpt")
+        assert again.update_priorities(b, torch.full((4,), 6.0)) == 4
+        assert np.allclose(leaves_of(again, np.unique(b.info.indices)), 6.0 ** 0.6)
+
+
+def test_update_priorities_without_prioritized_replay_says_so():
+    """Not 'pull a batch first' after a pull: the sampler is what cannot take priorities."""
+    with Conduit(policy="off_policy", train_batch_size=4, capacity=16, seed=5, timeout_s=10.0) as edp:
+        edp.push(transitions(16))
+        b = edp.pull()
+        for key in (None, np.array(b.info.indices), b):
+            with pytest.raises(SemanticsError, match="sampler='prioritized'"):
+                edp.update_priorities(key, torch.ones(4))

@@ -31,10 +31,12 @@ class PriorityOps:
     rng: np.random.Generator
 
     def update_priorities(
-        self, indices: np.ndarray, ids: np.ndarray, priorities: np.ndarray, *, beta: float | None = None
+        self, indices: np.ndarray, ids: np.ndarray, priorities: np.ndarray, *, beta: float | None = None,
+        count: bool = True,
     ) -> int:
         """Apply priorities where the slot still holds the sampled transition; returns how many applied.
-        ``beta``: the importance-sampling exponent from the next draw on (annealed by the framework)."""
+        ``beta``: the importance-sampling exponent from the next draw on (annealed by the framework); ``count``:
+        the update counts as its batch's feedback (``count_replays="feedback"``; a batch's later ones do not)."""
         if not self.sampler.has_priorities:
             raise SemanticsError("update_priorities needs off-policy replay with sampler='prioritized'")
         indices, ids, pr = checked_priorities(indices, ids, priorities)
@@ -47,7 +49,8 @@ class PriorityOps:
             if np.any(live):
                 slots = indices[live]
                 self.sampler.update_priorities(slots, pr[live])
-                self.table.fed_back(slots, ids[live])
+                if count:
+                    self.table.fed_back(slots, ids[live])
                 if self.budget is not None:
                     self.budget.priorities_updated(slots)
             return int(live.sum())

@@ -24,6 +24,7 @@ when a staged batch is dropped unread (:meth:`ReplayBuffer.unreserve`).
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -85,6 +86,9 @@ class ReplayBuffer(PriorityOps, ExperienceBuffer):
         self.rng = np.random.default_rng(seed)
         self.sampler.seed(int(self.rng.integers(2**62)))
         self.table = SlotTable(capacity, count_replays)  # count_replays: read by the delivery path, at each draw
+        #: this buffer's lineage: its draws carry it, its checkpoints keep it (a priority update for rows drawn
+        #: from another buffer is refused, whose slots and ids mean other rows)
+        self.lineage = secrets.randbits(62)
         self.evicted_by_sampling = 0
         #: the uses left of each row (max_times_sampled), None without a limit
         self.budget = UseBudget(max_times_sampled, self.table, sampler) if max_times_sampled is not None else None
@@ -345,9 +349,11 @@ class ReplayBuffer(PriorityOps, ExperienceBuffer):
         """A draw's slots and ids (caller holds the lock): a pure ring's ids are worked out when first read."""
         ring = self.table.ring_state()
         if ring is not None:
-            return DrawnRows(draw.array, tensor=draw.tensor, ring=ring)
-        indices = draw.indices
-        return DrawnRows(indices, self.table.ids[indices])
+            rows = DrawnRows(draw.array, tensor=draw.tensor, ring=ring)
+        else:
+            rows = DrawnRows(draw.indices, self.table.ids[draw.indices])
+        rows.lineage = self.lineage
+        return rows
 
     def delivered(self, indices: np.ndarray, ids: np.ndarray, *, reserved: bool = False) -> int:
         """Count a delivered batch's rows as sampled; evict rows reaching ``max_times_sampled``.
@@ -388,6 +394,7 @@ class ReplayBuffer(PriorityOps, ExperienceBuffer):
                 "table": self.table.state_dict(),
                 "sampler": {"kind": self.sampler.name, **self.sampler.state_dict()},
                 "limiter": self.limiter.state_dict(),
+                "lineage": self.lineage,
             }
             if self.budget is not None:
                 state["budget"] = self.budget.state_dict()
@@ -428,6 +435,7 @@ class ReplayBuffer(PriorityOps, ExperienceBuffer):
             self.inserted = int(state["inserted"])
             self.evicted_by_sampling = int(state["evicted_by_sampling"])
             self.rng.bit_generator.state = state["rng"]
+            self.lineage = int(state.get("lineage", self.lineage))  # the checkpoint's batches are this buffer's
             if self.budget is not None:
                 self.budget.load_state_dict(state.get("budget", {}))
 

@@ -32,7 +32,8 @@ from conduit.core import Mode
 from conduit.distributed.exchange import RowLayout
 from conduit.distributed.sampling import on_policy_plan
 from conduit.errors import SemanticsError
-from conduit.hooks import HookKind, Reader, Writer
+from conduit.hooks import HookKind
+from conduit.operators import HookOperator, Packet
 from conduit.paths.delivery import Claim, DeliveryPath, HookFn
 from conduit.paths.minibatch import MinibatchClaim
 from conduit.spec import Data, ExperienceSpec, rows_of
@@ -64,10 +65,8 @@ class OnPolicyShare:
         tensors = agreement.check(data, hooked=spec is not None)
         if spec is None:
             items = [tensors]
-        else:
-            w = Writer("ExperienceBuffer")
-            spec.fn(Reader("Actor", tensors), w)
-            items = w.items
+        else:  # the hook as one process runs it: its checks (no attachments) and HookFailed
+            items = HookOperator("hook", spec.fn, "Actor", "ExperienceBuffer").run(Packet([tensors])).parts
         with self._lock:
             checked = []
             for item in items:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -238,17 +239,19 @@ class ReplayDelivery(DeliveryPath):
         else:  # handed over in the invocation that sampled it: no reservation between
             limiter.sampled(rows)
         if self.awaiting is not None:  # (without what a hook attached: its memory goes back when the learner drops it)
-            self.awaiting.append(info if info.attachment is None else info._replace(attachment=None))
+            with self._lock:  # a full list drops its oldest: never while awaited() walks it
+                self.awaiting.append(info if info.attachment is None else info._replace(attachment=None))
         buffer = self.buffer
         if self._budgeted:  # else nothing is counted per row (and the arrays stay unmade)
             buffer.delivered(info.indices, info.ids, reserved=True)
         if limiter.samples_per_insert is not None:
             buffer.counted()  # actors may be waiting for learners to sample
 
-    def awaited(self, key: BatchInfo | np.ndarray | None) -> BatchInfo:
+    def awaited(self, key: BatchInfo | np.ndarray | None, check: Callable[[BatchInfo], object]) -> BatchInfo:
         """The delivered batch a priority update is for, which then awaits no more: ``key`` itself (a batch's
         info: also when it awaits none, an explicit batch may be updated again); the newest awaiting batch that
-        drew exactly the slots ``key``; or (``None``) the newest awaiting batch."""
+        drew exactly the slots ``key``; or (``None``) the newest awaiting batch. ``check(batch)`` raises for an
+        update that batch refuses, before it stops awaiting (a refused update leaves the list as it was)."""
         awaiting = self.awaiting
         if awaiting is not None:
             with self._lock:
@@ -258,9 +261,11 @@ class ReplayDelivery(DeliveryPath):
                         (cand.learner, cand.pull_index) == (key.learner, key.pull_index)
                         if isinstance(key, BatchInfo) else np.array_equal(cand.indices, key)
                     ):
+                        check(cand)
                         del awaiting[i]
                         return cand
         if isinstance(key, BatchInfo):
+            check(key)
             return key
         what = "no delivered batch" if key is None else f"no delivered batch drew these {len(key)} slots and"
         raise SemanticsError(

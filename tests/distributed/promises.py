@@ -131,6 +131,17 @@ def hooked_and_on_policy(rank: int, world: int) -> dict[str, Any]:
             res["error"] = f"{type(e).__name__}: {e}"
         edp.close()
         out[case] = edp_gather(rank, world, res)
+    edp = cd.Conduit(policy="on_policy", train_batch_size=8 * world, num_minibatches=2, num_epochs=1,
+                     num_learners=world, seed=7, timeout_s=30)
+
+    @edp.register_ingestion()
+    def attaching(actor_in: Any, exp_out: Any) -> None:  # only a delivery hook may attach: refused as one process
+        exp_out.write(actor_in.read(), attach="rows")
+
+    try:
+        out["on_policy_attach"] = _outcome(lambda: edp.push(good(rank, 0)))
+    finally:
+        edp.close()
     return out
 
 

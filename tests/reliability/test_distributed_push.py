@@ -86,6 +86,8 @@ def test_a_bad_push_raises_at_the_push_with_an_ingestion_hook_and_on_policy(worl
         else:
             first = ranks[0]
             assert first["pushed"] == first["ingested"] == 8 * world and first["refused"] == 0
+    # an on-policy ingestion hook runs as one process's: HookFailed, not an attachment dropped without a word
+    assert worlds[world]["push_checks_more"]["on_policy_attach"] == "HookFailed"
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -70,6 +70,10 @@ class SemanticsError(ConduitError, RuntimeError):
 class ConduitTimeout(ConduitError, TimeoutError):
     """A blocking call did not complete within its timeout."""
 
+    #: a push that timed out: True where its unit stays queued and is ingested when the invocation in flight
+    #: ends; False where nothing of it was taken (the push changed nothing)
+    queued: bool = False
+
 
 class RateLimited(ConduitTimeout):
     """A non-blocking push or pull would break the samples-per-insert ratio."""

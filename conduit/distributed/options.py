@@ -58,6 +58,9 @@ def validate(cfg: ConduitConfig, routing: Routing) -> None:
                 raise ConfigError(f"{name}: not supported across ranks yet (a single-process runtime has it)")
     elif routing is not Routing.LOCAL:
         raise ConfigError(f"routing={routing.value!r}: on-policy units stay on the rank that pushed them")
+    if cfg.growable:  # each shard would grow its own layout, and the ranks would no longer agree on one
+        raise ConfigError(f"growable={list(cfg.growable)}: not supported across ranks yet (every shard lays rows out "
+                          "alike); declare each field at its largest shape (a single-process runtime grows them)")
 
 
 def validate_rate(cfg: ConduitConfig, sampling: Sampling, world: int) -> None:

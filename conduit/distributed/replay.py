@@ -336,10 +336,7 @@ def pull_local(edp: DistributedConduit, timeout: float) -> ShardedBatch:
     """Local sampling: this rank's shard's own delivery path (the core's draw, hook, batch memory and schedule;
     the shard starts sampling at its share of ``min_size_to_sample``)."""
     assert edp.shard is not None and edp.shard.buffer is not None
-    if edp.shard.buffer.rows < edp.local_sample_min():
-        raise SemanticsError(f"rank {edp.rank}'s shard holds {edp.shard.buffer.rows} rows: too few to sample "
-                             "(local mode)")
-    b = edp.shard.pull(timeout=timeout)
+    b = edp.shard.pull(timeout=timeout)  # waits, bounded, for the shard's share of min_size_to_sample
     info = b.info._replace(learner=edp.rank)
     return ShardedBatch(dict(b.items()), info, np.full(len(info.rows), edp.rank, dtype=np.int64))
 

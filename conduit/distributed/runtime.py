@@ -33,9 +33,8 @@ nothing: checked as the core checks it, against the group's one spec (:mod:`cond
 **Sampling.** ``sampling="global"`` (the default) draws each learner's batch over all rows of all shards
 with one buffer's distribution (uniform over every row, or prioritized over the global priority mass,
 weights normalised by the global maximum: :mod:`conduit.distributed.sampling`); rows move in one
-``all_to_all`` (:mod:`conduit.distributed.exchange`). ``sampling="local"``: each
-learner draws from its own shard only, no exchange and no collective in
-``pull``. That changes the distribution: a row is drawn with probability
+``all_to_all`` (:mod:`conduit.distributed.exchange`). ``sampling="local"``: each learner draws from its own
+shard only, no exchange and no collective in ``pull``. That changes the distribution: a row is drawn with probability
 ``1/rows_of_its_shard`` (or its priority over its *shard's* mass), so rows of
 a smaller or less-filled shard are over-represented, each learner sees only the
 experience of the actors that feed its shard, and weights are normalised by the
@@ -94,9 +93,10 @@ from conduit.distributed.replay import (
     shard_config,
 )
 from conduit.distributed.shards import shard_storage
-from conduit.errors import ConfigError, SemanticsError, SpecError
+from conduit.errors import ConduitTimeout, ConfigError, SemanticsError, SpecError
 from conduit.hooks import HookKind, HookRegistry
 from conduit.runtime import Conduit
+from conduit.samplers.prioritized import checked_priorities
 from conduit.scheduling.planner import DeliveryMode
 from conduit.spec import Data, ExperienceSpec, as_tensors, batch_size_of, rows_of
 
@@ -244,12 +244,15 @@ class DistributedConduit:
                     self._outbox_rows += n
                     return
             self.shard.push(unit, timeout=timeout, copy=copy)
-        except SpecError:
-            if counted:
-                with self._lock:
-                    self._counts["pushed"] -= n  # a refused push changes nothing, as on one runtime
-            if self.rate is not None:
-                self.rate.give_back(n)  # (a push that timed out is still queued: it inserts, and counts)
+        except (SpecError, ConduitTimeout) as exc:
+            queued = isinstance(exc, ConduitTimeout) and exc.queued  # the shard ingests it when that ends
+            with self._lock:
+                if queued:
+                    self._counts["ingested"] += n
+                elif counted:  # a refused push, or one that timed out taking nothing, changes nothing
+                    self._counts["pushed"] -= n
+            if self.rate is not None and not queued:
+                self.rate.give_back(n)
             raise
         self._settled = True
         with self._lock:
@@ -269,19 +272,16 @@ class DistributedConduit:
             self.shard.flush(timeout=timeout)
 
     def update_priorities(self, batch: ShardedBatch, priorities: Any) -> int:
-        """New priorities for a pulled batch's rows: this rank's rows now, other ranks' at the next collective.
-
-        Returns how many rows' priorities were applied here or queued for their rank.
-        """
+        """New priorities for a pulled batch's rows: this rank's now, other ranks' at the next collective; returns
+        how many were applied here or queued for their rank."""
         self.group.check()
-        if self.shard is None or self.shard.buffer is None:
+        if self.shard is None or self.shard.buffer is None or not self.shard.buffer.sampler.has_priorities:
             raise SemanticsError("update_priorities needs off-policy replay with sampler='prioritized'")
         if isinstance(priorities, torch.Tensor):
             priorities = priorities.detach().to("cpu", torch.float64).numpy()
-        pr = np.asarray(priorities, dtype=np.float64).reshape(-1)
-        owners, slots, ids = batch.owners, batch.info.indices, batch.info.ids
-        if len(pr) != len(owners):
-            raise ValueError(f"update_priorities: {len(pr)} priorities for a batch of {len(owners)} rows")
+        # checked whole here, as one process does: a bad priority must not surface on its row's rank, mid-collective
+        slots, ids, pr = checked_priorities(batch.info.indices, batch.info.ids, priorities)
+        owners = batch.owners
         mine = owners == self.rank
         applied = self.shard.buffer.update_priorities(slots[mine], ids[mine], pr[mine]) if mine.any() else 0
         with self._lock:

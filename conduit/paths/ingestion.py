@@ -243,7 +243,9 @@ class IngestionPath(DataPath):
                             self.queue.remove(p)
                         self._uncount(mine)
                         raise ConduitTimeout(f"{exc}; this push's unit was not ingested") from None
-                raise ConduitTimeout(f"{exc}; this push's unit is queued and is ingested when that ends") from None
+                late = ConduitTimeout(f"{exc}; this push's unit is queued and is ingested when that ends")
+                late.queued = True
+                raise late from None
         try:
             self._drain_held(flush=False)
         finally:

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -206,6 +207,56 @@ def delivery_hooks(rank: int, world: int) -> dict[str, Any]:
         out[case] = edp_gather(rank, world, res)
     return out
 
+
+def learner_side(rank: int, world: int) -> dict[str, Any]:
+    """What a learner loop does around the shards, as one process does it: a bad priority update (for rows other
+    ranks hold too) raises at the call and the group goes on; a local pull waits for its shard's rows (an actor
+    thread pushing later); a push that times out changes nothing, and the group's counts still add up."""
+    out: dict[str, Any] = {}
+    edp = cd.Conduit(policy="off_policy", train_batch_size=8, capacity=64 * world, seed=4, timeout_s=30,
+                     sampler="prioritized")
+    res: dict[str, Any] = {}
+    try:
+        edp.push(good(rank, 0, n=16))
+        b = edp.pull()
+        bad = np.ones(len(b.owners))
+        bad[int(np.flatnonzero(b.owners != rank)[0]) if (b.owners != rank).any() else 0] = float("nan")
+        res["nan_update"] = _outcome(lambda: edp.update_priorities(b, bad))
+        res["then"] = _outcome(lambda: [edp.update_priorities(b, np.ones(len(b.owners))), edp.pull()])
+    except Exception as e:
+        res["error"] = f"{type(e).__name__}: {e}"
+    edp.close()
+    out["bad_priorities"] = edp_gather(rank, world, res)
+
+    edp = cd.Conduit(policy="off_policy", train_batch_size=4, capacity=64 * world, seed=4, timeout_s=30,
+                     sampling="local")
+    late = threading.Timer(0.3, lambda: edp.push(good(rank, 0)))
+    late.start()
+    out["local_waits"] = _outcome(lambda: edp.pull(timeout=20))
+    late.join()
+    edp.close()
+
+    edp = cd.Conduit(policy="off_policy", train_batch_size=4, capacity=64 * world, seed=4, timeout_s=30)
+    entered, release = threading.Event(), threading.Event()
+
+    @edp.register_ingestion()
+    def held_once(actor_in: Any, exp_out: Any) -> None:  # the first unit's invocation holds the path till released
+        if not entered.is_set():
+            entered.set()
+            release.wait(20)
+        exp_out.write(actor_in.read())
+
+    first = threading.Thread(target=lambda: edp.push(good(rank, 0)))
+    first.start()
+    entered.wait(20)
+    out["timed_out"] = _outcome(lambda: edp.push(good(rank, 1), timeout=0.2))
+    release.set()
+    first.join(20)
+    edp.flush()
+    st = edp.stats()
+    out["counts"] = {"exactly_once": st.exactly_once, "pushed": list(st.pushed_rows), "rows": sum(st.shard_rows)}
+    edp.close()
+    return out
 
 def edp_gather(rank: int, world: int, obj: Any) -> list[Any]:
     """Gather over the default group (a runtime whose collectives failed cannot gather)."""

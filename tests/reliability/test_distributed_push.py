@@ -108,3 +108,16 @@ def test_a_delivery_hook_across_ranks_runs_as_one_processs_does(worlds, world):
         assert res["error"].startswith("ConduitError") and "one output row per input row" in res["error"], (r, res)
     for r, res in enumerate(cases["fails"]):
         assert res["error"].startswith("HookFailed") and "hook" in res["error"], (r, res)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_the_learner_side_keeps_one_processs_promises(worlds, world):
+    """A bad priority (NaN, on a row another rank holds) raises ValueError at update_priorities and the group goes
+    on (not a RankFailed at the next collective); a local pull waits for an actor's late push; a push that timed
+    out taking nothing changes nothing: the group's counts still add up."""
+    side = worlds[world]["learner_side"]
+    for r, res in enumerate(side["bad_priorities"]):
+        assert res == {"nan_update": "ValueError", "then": "accepted"}, (r, res)
+    assert side["local_waits"] == "accepted"
+    assert side["timed_out"] == "ConduitTimeout"
+    assert side["counts"] == {"exactly_once": True, "pushed": [4] * world, "rows": 4 * world}, side["counts"]

@@ -1,0 +1,16 @@
+"""What a sharded buffer refuses before the group forms, with the reason (no process group needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+import conduit.distributed as cd
+from conduit import ConfigError
+
+
+@pytest.mark.parametrize("policy", [dict(policy="off_policy", capacity=64), dict(policy="on_policy")], ids=str)
+def test_growable_fields_are_refused_across_ranks(policy):
+    """Each shard would grow its own layout and the ranks would stop agreeing on one: refused at construction,
+    not accepted and then every pull failing."""
+    with pytest.raises(ConfigError, match="growable=\\['obs'\\]: not supported across ranks"):
+        cd.Conduit(**policy, train_batch_size=4, growable=("obs",))

@@ -79,6 +79,36 @@ class PriorityOps:
             s = self._priorities("priority_mass")
             return float(s.tree.total), float(s.tree.min), float(s.beta)
 
+    # -- one shard of several (conduit.distributed): new rows enter at the group's max priority -----------
+    def newest_state(self, since: int) -> tuple[float, float]:
+        """Prioritized: the max priority (``|p| + eps`` units) and the smallest ``p^alpha`` of the rows stored
+        with ids from ``since`` on (inf if none)."""
+        with self.lock:
+            s = self._priorities("newest_state")
+            slots = self._stored_since(since)
+            return float(s.max_priority), float(s.leaf_values(slots).min()) if slots.size else float("inf")
+
+    def lift_newest(self, since: int, max_priority: float) -> None:
+        """Prioritized: the group's max priority becomes this buffer's, and the rows stored with ids from ``since`` on
+        (never drawn yet, so still at the priority they entered with) rise to it, as one buffer's new rows would
+        have entered at it."""
+        with self.lock:
+            s = self._priorities("lift_newest")
+            s.max_priority = max(s.max_priority, float(max_priority))
+            slots = self._stored_since(since)
+            top = s.max_priority**s.alpha
+            low = slots[s.leaf_values(slots) < top]
+            s.tree.update(low, np.full(low.size, top))
+
+    def _stored_since(self, since: int) -> np.ndarray:
+        """Slots of the live rows with ids from ``since`` on (caller holds the lock): a ring's newest positions."""
+        ring = self.table.ring_state()
+        if ring is None:
+            return np.flatnonzero(self.table.ids >= since)
+        pos, next_id, capacity = ring
+        n = min(max(0, next_id - since), self.table.count)
+        return (pos - n + np.arange(n, dtype=np.int64)) % capacity
+
     def _priorities(self, what: str) -> Any:
         """The prioritized sampler (SemanticsError naming ``what`` for any other)."""
         if not self.sampler.has_priorities:

@@ -59,16 +59,24 @@ log = logging.getLogger("conduit")
 DistributedConduit = Any
 
 __all__ = [
-    "GIVE_UP", "HEAD", "INSERTED", "MASS", "MIN", "PUSHED", "ROWS", "SINCE", "SPEC", "WANT", "GroupClaim",
+    "GIVE_UP", "HEAD", "INSERTED", "MASS", "MAXP", "MIN", "NEWLOW", "PUSHED", "ROWS", "SINCE", "SPEC", "WANT",
+    "GroupClaim",
     "GroupDelivery", "GroupTimeout", "OwnedRows", "ShardedBatch", "make_delivery", "plan_pull", "planned",
     "pull_global", "pull_local", "shard_config",
 ]
 
 #: the state vector every rank contributes to a sync: these columns, then one outbox size per rank
 #: (PUSHED, WANT, SINCE: the rank's rows the group's rate limit admitted, its push longest waiting for room
-#: and since which sync; 0 without a limit: :mod:`conduit.distributed.ratelimit`)
-ROWS, MASS, MIN, SPEC, INSERTED, GIVE_UP, PUSHED, WANT, SINCE = range(9)
-HEAD = 9
+#: and since which sync; 0 without a limit: :mod:`conduit.distributed.ratelimit`; MAXP, NEWLOW: the rank's view of
+#: the group's max priority and the smallest priority of its shard's rows new since the last sync: lifts)
+ROWS, MASS, MIN, SPEC, INSERTED, GIVE_UP, PUSHED, WANT, SINCE, MAXP, NEWLOW = range(11)
+HEAD = 11
+
+
+def lifts(state: np.ndarray | torch.Tensor, alpha: float) -> bool:
+    """Whether some shard's new rows entered below the group's max priority (one buffer's new rows enter at it):
+    decided from the gathered state alone, so every rank decides alike."""
+    return bool((state[:, NEWLOW] < float(state[:, MAXP].max()) ** alpha).any())
 
 
 class GroupTimeout(ConduitTimeout):
@@ -137,6 +145,9 @@ class GroupDelivery(DeliveryPath):
         self._running = threading.local()  # ``.on``: this thread is running one of the worker's exchanges
         #: the current pull's timeout: the one its draw (inline, or queued at its hand-over) waits within
         self.pull_timeout = edp.config.timeout_s
+        shard = edp.shard.buffer if edp.shard is not None else None
+        self._new_since = shard.inserted if shard is not None else 0  # this shard's rows from this id on are new
+        self._fed_max = 0.0  # the largest priority this rank sent other ranks' rows since the last sync
 
     # -- what an invocation is ---------------------------------------------------------------------
     def _ready(self, learner: int, rows: int = 0) -> bool:
@@ -166,14 +177,33 @@ class GroupDelivery(DeliveryPath):
         assert isinstance(rows, OwnedRows)
         return ShardedBatch(data, info, rows.owners)
 
-    def shard_mass(self) -> tuple[float, float]:
-        """This shard's total priority mass and smallest non-zero priority (``p^alpha``; 0 and inf without them):
-        what this rank's sync reports for the request matrix of the group's next draw, read by the draw's path."""
+    def shard_priorities(self) -> tuple[float, float, float, float]:
+        """What this rank's sync reports of its shard's priorities: the total mass and smallest non-zero priority
+        (``p^alpha``) for the request matrix of the group's next draw; the largest priority it knows of (its shard's
+        max, and what it sent other ranks' rows) and the smallest ``p^alpha`` of its new rows (:func:`lifts`).
+        0, inf, 0, inf without priorities."""
         buffer = self.edp.shard.buffer
         if buffer is None or self.edp.config.sampler is not SamplerKind.PRIORITIZED or not buffer.rows:
-            return 0.0, float("inf")
+            return 0.0, float("inf"), 0.0, float("inf")
         total, low, _ = buffer.priority_mass()
-        return total, low
+        top, new_low = buffer.newest_state(self._new_since)
+        return total, low, max(top, self._fed_max), new_low
+
+    def fed(self, priorities: np.ndarray) -> None:
+        """This rank sent ``priorities`` (also) to other ranks' rows: the group's max priority is at least theirs."""
+        buffer = self.edp.shard.buffer
+        if priorities.size and buffer is not None:
+            self._fed_max = max(self._fed_max, float(np.abs(priorities).max()) + buffer.sampler.eps)
+
+    def synced(self, group_max: float | None) -> None:
+        """A sync ended: with ``group_max``, this shard's max priority becomes the group's and its new rows rise to
+        it (:func:`lifts` said some shard's were below); from now on, rows stored are new."""
+        buffer = self.edp.shard.buffer
+        if buffer is None or self.edp.config.sampler is not SamplerKind.PRIORITIZED:
+            return
+        if group_max is not None:
+            buffer.lift_newest(self._new_since, group_max)
+        self._new_since, self._fed_max = buffer.inserted, 0.0
 
     def _describe_wait(self, learner: int) -> str:
         return f"the group's exchange for learner {self.edp.rank}: {self.doing('none running')}"

@@ -72,18 +72,13 @@ from conduit.batch import Batch
 from conduit.config import ConduitConfig
 from conduit.core import Policy
 from conduit.distributed import sampling as smp
+from conduit.distributed import syncing
 from conduit.distributed.admission import GroupSpec, Router, spec_text
-from conduit.distributed.exchange import dumps, loads
 from conduit.distributed.group import RankGroup
 from conduit.distributed.options import DistributedStats, Routing, Sampling, validate, validate_local, validate_rate
 from conduit.distributed.ratelimit import GroupRateLimit
 from conduit.distributed.replay import (
-    HEAD,
-    PUSHED,
     ROWS,
-    SINCE,
-    SPEC,
-    WANT,
     GroupDelivery,
     ShardedBatch,
     make_delivery,
@@ -284,6 +279,8 @@ class DistributedConduit:
         owners = batch.owners
         mine = owners == self.rank
         applied = self.shard.buffer.update_priorities(slots[mine], ids[mine], pr[mine]) if mine.any() else 0
+        if self.delivery is not None:
+            self.delivery.fed(pr[~mine])
         with self._lock:
             for r in np.unique(owners[~mine]):
                 sel = owners == r
@@ -295,76 +292,19 @@ class DistributedConduit:
     # -- collectives -------------------------------------------------------------------------
     def sync(self, *, give_up: bool = False) -> np.ndarray:
         """Collective: move routed units and queued priority updates to their shards, then exchange every
-        shard's state; returns the ``[world, fields]`` matrix of it (live rows, priority mass, ...)."""
-        self.start()
-        if self.delivery is not None:
-            self.delivery.quiesce()  # an overlapped exchange queued or running goes first (a no-op on the worker)
-        with self._lock:
-            outbox, self._outbox = self._outbox, [{"units": [], "priorities": []} for _ in range(self.world)]
-            moving = self._outbox_rows
-        payload = [dumps(o) if o["units"] or o["priorities"] else torch.empty(0, dtype=torch.uint8) for o in outbox]
-        sizes = [int(p.numel()) for p in payload]
-        try:
-            state = self.group.gather(self._state_vector(give_up, sizes), "sync (state and outbox sizes)")
-            pending = state[:, HEAD:].to(torch.int64)
-            if int(pending.sum()):
-                recv = self.group.exchange(torch.cat(payload), sizes, pending[:, self.rank].tolist(),
-                                           "sync (routed units and priority updates)", rows=False)
-                with self._lock:
-                    self._outbox_rows -= moving  # handed over: the receiving shards count them in
-                self._receive(recv, pending[:, self.rank].tolist())
-                state = self.group.gather(self._state_vector(give_up, [0] * self.world), "sync (state)")
-            else:
-                with self._lock:
-                    self._outbox_rows -= moving
-            if self.rate is not None:
-                self.rate.synced(state[:, PUSHED].numpy(), state[:, WANT].numpy(), state[:, SINCE].numpy())
-        finally:
-            if self.rate is not None:
-                self.rate.end_sync()  # pushes wait while a sync is under way, and not a moment longer
-        self.agree_on_spec(state[:, SPEC].numpy())
-        return state[:, :HEAD].numpy()
+        shard's state; returns the ``[world, fields]`` matrix of it (live rows, priority mass, ...):
+        :func:`conduit.distributed.syncing.sync`."""
+        return syncing.sync(self, give_up)
 
     def agree_on_spec(self, keys: np.ndarray) -> None:
         """Every rank lays rows out by one spec: learn it where this shard has none yet, refuse a mismatch."""
         self.agreement.settle(keys, self.spec)
-
-    def _state_vector(self, give_up: bool, sizes: list[int]) -> torch.Tensor:
-        buf = self.shard.buffer if self.shard is not None else None
-        rows = float(buf.rows) if buf is not None else 0.0
-        mass, low = self.delivery.shard_mass() if self.delivery is not None else (0.0, float("inf"))
-        rate = self.rate.snapshot() if self.rate is not None else (0, 0, 0)
-        head = [rows, mass, low, self.spec_key(), float(buf.inserted if buf else 0), float(give_up), *map(float, rate)]
-        return torch.tensor(head + [float(s) for s in sizes], dtype=torch.float64)
 
     def spec_key(self) -> float:
         """A checksum of this rank's spec (0: none yet), for the ranks to agree on one row layout."""
         spec = self.spec
         self.agreement.learn(spec)
         return 0.0 if spec is None else float(zlib.crc32(spec_text(spec).encode()) + 1)
-
-    def _receive(self, recv: torch.Tensor, sizes: list[int]) -> None:
-        assert self.shard is not None and self.shard.buffer is not None
-        at = 0
-        for src, n in enumerate(sizes):
-            if not n:
-                continue
-            got = loads(recv[at : at + n])
-            at += n
-            for slots, ids, pr in got["priorities"]:
-                self.shard.buffer.update_priorities(slots.numpy(), ids.numpy(), pr.numpy())
-            for unit in got["units"]:
-                rows = rows_of(unit)
-                try:
-                    self.shard.push(unit, copy=False)
-                except SpecError as e:
-                    log.error("conduit.distributed: a unit routed from rank %d was refused here: %s", src, e)
-                    with self._lock:
-                        self._counts["refused"] += rows
-                    continue
-                with self._lock:
-                    self._counts["ingested"] += rows
-        self.shard.flush()
 
     def pull(self, learner: int | None = None, *, timeout: float | None = None) -> ShardedBatch:
         """This learner's next batch (collective under global sampling; ``learner`` is this rank)."""

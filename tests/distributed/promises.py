@@ -228,6 +228,26 @@ def learner_side(rank: int, world: int) -> dict[str, Any]:
     edp.close()
     out["bad_priorities"] = edp_gather(rank, world, res)
 
+    edp = cd.Conduit(policy="off_policy", train_batch_size=8, capacity=64 * world, seed=4, timeout_s=30,
+                     sampler="prioritized")
+    try:  # rank 0 feeds back 100 for the rows it holds, then every rank pushes: one buffer's new rows enter at 100
+        edp.push(good(rank, 0))
+        b = edp.pull()
+        if rank == 0:
+            edp.update_priorities(b, np.where(b.owners == 0, 100.0, 1.0))
+        edp.sync()
+        edp.push(good(rank, 1))
+        edp.pull()  # its sync lifts the new rows before it draws
+        buf = edp.shard.buffer
+        slots, rows = stored_in_order(buf.state_dict())[:2]
+        leaves, top = buf.priorities_at(slots)
+        new = leaves[rows["tid"].numpy() % 1000 >= 4]
+        mine = {"leaves": sorted({round(float(v), 6) for v in new}), "max": round(top, 3)}
+    except Exception as e:
+        mine = {"error": f"{type(e).__name__}: {e}"}
+    edp.close()
+    out["new_rows"] = edp_gather(rank, world, mine)
+
     edp = cd.Conduit(policy="off_policy", train_batch_size=4, capacity=64 * world, seed=4, timeout_s=30,
                      sampling="local")
     late = threading.Timer(0.3, lambda: edp.push(good(rank, 0)))

@@ -113,11 +113,15 @@ def test_a_delivery_hook_across_ranks_runs_as_one_processs_does(worlds, world):
 @pytest.mark.parametrize("world", WORLDS)
 def test_the_learner_side_keeps_one_processs_promises(worlds, world):
     """A bad priority (NaN, on a row another rank holds) raises ValueError at update_priorities and the group goes
-    on (not a RankFailed at the next collective); a local pull waits for an actor's late push; a push that timed
-    out taking nothing changes nothing: the group's counts still add up."""
+    on (not a RankFailed at the next collective); new rows enter every shard at the group's max priority; a local
+    pull waits for an actor's late push; a push that timed out taking nothing changes nothing: the group's counts
+    still add up."""
     side = worlds[world]["learner_side"]
     for r, res in enumerate(side["bad_priorities"]):
         assert res == {"nan_update": "ValueError", "then": "accepted"}, (r, res)
     assert side["local_waits"] == "accepted"
+    # rank 0 fed back 100: every shard's new rows entered at the group's max priority, as one buffer's would
+    top = round((100.0 + 1e-6) ** 0.6, 6)
+    assert side["new_rows"] == [{"leaves": [top], "max": 100.0}] * world, side["new_rows"]
     assert side["timed_out"] == "ConduitTimeout"
     assert side["counts"] == {"exactly_once": True, "pushed": [4] * world, "rows": 4 * world}, side["counts"]

@@ -7,6 +7,7 @@ Layout (a directory on a file system every rank sees)::
                         per-shard capacities and row counts, the shared generator, the group's counters
     shard-00000/ ...    each rank's shard: a single-process Conduit checkpoint (conduit.checkpoint), itself
                         verified by checksum and read with weights_only
+    delivery-00000/ ... global sampling: each rank's batches drawn ahead, not yet handed out (same format)
     COMPLETE            written last: the sha256 of MANIFEST.json
 
 Atomic as the core's: every rank writes into one temporary sibling directory
@@ -28,7 +29,8 @@ the checkpoint: a manifest whose shard paths (or a shard whose files) lead out o
 its directory is refused.
 
 **Restore onto the same ranks** loads each shard into its rank exactly (sampler and
-generators included) and the shared generator: the run continues draw for draw.
+generators included), the shared generator and each rank's batches drawn ahead (handed out
+first): the run continues draw for draw.
 **Onto a different number of ranks** the rows are re-dealt: the checkpoint's live
 rows, shard after shard, each shard's oldest first, are split over the new ranks in
 proportion to their capacities; a rank reads only the old shards its range
@@ -52,6 +54,7 @@ import torch
 
 from conduit import checkpoint as core_checkpoint
 from conduit.core import SamplerKind
+from conduit.distributed.options import Sampling
 from conduit.errors import CheckpointError
 from conduit.executor import process_alive
 from conduit.placement.records import largest_remainder
@@ -74,6 +77,10 @@ _HOST = socket.gethostname().replace("-", "_") or "host"
 
 def _shard_dir(rank: int) -> str:
     return f"shard-{rank:05d}"
+
+
+def _delivery_dir(rank: int) -> str:
+    return f"delivery-{rank:05d}"
 
 
 def _remove_dead_temporaries(target: Path) -> None:
@@ -127,6 +134,10 @@ def _save(edp: DistributedConduit, target: Path, tmp: Path) -> None:
         report["counts"] = edp.counters()
         report["rate_pushed"] = edp.rate.pushed if edp.rate is not None else 0
         report["ahead"] = len(edp.delivery.staged[0]) if edp.delivery is not None else 0
+        if edp.delivery is not None:  # global sampling: the batches drawn ahead, for a restore onto these ranks
+            name = _delivery_dir(edp.rank)
+            core_checkpoint.save(tmp / name, {"policy": "group_delivery"}, {"delivery": edp.delivery.state_dict()})
+            report["delivery"] = name
     except Exception as e:  # every rank must still reach the gather below, or the others time out
         report = {"ok": False, "error": f"{type(e).__name__}: {e}"}
     reports = edp.group.gather_object(report, "save (shards written)")
@@ -156,7 +167,7 @@ def _commit(edp: DistributedConduit, target: Path, tmp: Path, reports: list[dict
         "capacities": list(edp.capacities), "rows": [int(r["rows"]) for r in reports],
         "shards": [_shard_dir(r) for r in range(edp.world)], "counts": totals,
         "shared_rng": edp.shared_rng.bit_generator.state,
-        "rate": _rate_counts(edp, reports),
+        "rate": _rate_counts(edp, reports), "deliveries": [r.get("delivery") for r in reports],
     }
     core_checkpoint.commit(tmp, target, doc)
 
@@ -166,9 +177,9 @@ def _rate_counts(edp: DistributedConduit, reports: list[dict[str, Any]]) -> dict
     drawn ahead and not yet handed out (the checkpoint does not hold them: they were never delivered)."""
     if edp.rate is None:
         return None
-    ahead = sum(int(r["ahead"]) for r in reports)  # batches each learner holds drawn, not yet handed out
-    samples = edp.rate.limiter.samples - ahead * edp.config.train_batch_size
-    return {"inserts": sum(int(r["rate_pushed"]) for r in reports), "samples": samples}
+    ahead = sum(int(r["ahead"]) for r in reports) * edp.config.train_batch_size  # rows drawn, not handed out
+    return {"inserts": sum(int(r["rate_pushed"]) for r in reports), "samples": edp.rate.limiter.samples - ahead,
+            "ahead": ahead}  # (counted again where a restore onto the same ranks hands those batches out)
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
@@ -189,6 +200,12 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{p}: the manifest's shards and row counts do not match its world size {world!r}")
     for name in doc["shards"]:
         _inside(p, name, "shard")
+    deliveries = doc.get("deliveries") or [None] * world
+    if not isinstance(deliveries, list) or len(deliveries) != world:
+        raise CheckpointError(f"{p}: the manifest's deliveries do not match its world size {world!r}")
+    for name in deliveries:
+        if name is not None:
+            _inside(p, name, "delivery")
     return doc
 
 
@@ -263,7 +280,12 @@ def _stage(edp: DistributedConduit, p: Path, doc: dict[str, Any]) -> dict[str, A
         if manifest.get("policy") != edp.config.policy.value:
             raise CheckpointError(f"{where}: shard is {manifest.get('policy')}, the runtime is "
                                   f"{edp.config.policy.value}")
-        return {"where": where, "state": state, "spec": spec}
+        ahead = (doc.get("deliveries") or [None] * edp.world)[edp.rank]
+        if ahead is not None and edp.sampling is Sampling.GLOBAL:  # the batches this rank had drawn ahead
+            ahead = core_checkpoint.load(_contained(_inside(p, ahead, "delivery")))[1]["delivery"]
+        else:
+            ahead = None
+        return {"where": where, "state": state, "spec": spec, "ahead": ahead}
     return {"rows": _gather_rows(edp, p, doc), "spec": spec}
 
 
@@ -278,12 +300,19 @@ def _apply(edp: DistributedConduit, p: Path, doc: dict[str, Any], staged: dict[s
     else:
         _load_rows(edp, staged["rows"])
     edp.restored = True
+    ahead = staged.get("ahead")
+    if edp.delivery is not None:  # made at start: the rows loaded are not new, its batches drawn ahead come back
+        edp.delivery.restored(ahead)
+    else:
+        edp.restored_delivery = ahead  # loaded into the group's delivery path when it is made
     edp.agreement.learn(staged["spec"])
     if edp.rank == 0:
         edp.add_counts(doc["counts"])
     edp.shared_rng.bit_generator.state = doc["shared_rng"]
     if edp.rate is not None and doc.get("rate") is not None:  # the ratio continues (saved without one: anew)
         inserts, samples = int(doc["rate"]["inserts"]), int(doc["rate"]["samples"])
+        if ahead is not None:  # the batches drawn ahead are handed out after all
+            samples += int(doc["rate"].get("ahead", 0))
         edp.rate.restored(inserts, inserts if edp.rank == 0 else 0, samples)
 
 

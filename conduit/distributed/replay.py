@@ -49,7 +49,7 @@ from conduit.distributed.exchange import META_ID, META_SLOT, META_WEIGHT, RowLay
 from conduit.errors import ConduitTimeout, RuntimeFailed, SemanticsError
 from conduit.executor import wait_until
 from conduit.hooks import HookKind
-from conduit.paths.delivery import Claim, DeliveryPath, HookFn, Place
+from conduit.paths.delivery import Claim, DeliveryPath, HookFn, Place, Staged
 from conduit.scheduling.planner import DeliveryMode, LivePlanner, candidates, group_planner
 from conduit.trace import global_tracer
 
@@ -208,6 +208,30 @@ class GroupDelivery(DeliveryPath):
     def _describe_wait(self, learner: int) -> str:
         return f"the group's exchange for learner {self.edp.rank}: {self.doing('none running')}"
 
+    # -- state: a checkpoint of the group holds each rank's batches drawn ahead ------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        with self._lock:
+            state = super().state_dict()
+            state["owners"] = [[np.asarray(s.info.rows.owners) for s in q] for q in self.staged]  # type: ignore
+        return {**state, "invocation": self._invocation, "group_version": self._group_version}
+
+    def restored(self, state: dict[str, Any] | None) -> None:
+        """A checkpoint was loaded into this rank: the rows it loaded are not new (they keep their priorities);
+        ``state``: the batches this rank had drawn ahead (a restore onto the same ranks), handed out first."""
+        if state is not None:
+            self.load_state_dict(state)
+        buffer = self.edp.shard.buffer if self.edp.shard is not None else None
+        self._new_since, self._fed_max = (buffer.inserted if buffer is not None else 0), 0.0
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        with self._lock:
+            for q, owners in zip(self.staged, state["owners"], strict=True):
+                for i, (item, own) in enumerate(zip(list(q), owners, strict=True)):
+                    rows = OwnedRows(item.info.indices, item.info.ids, np.asarray(own))
+                    q[i] = Staged(item.data, item.info._replace(rows=rows), None)
+            self._invocation, self._group_version = int(state["invocation"]), int(state["group_version"])
+
     # -- the worker runs queued claims only ------------------------------------------------------------
     def _claim_work(self) -> GroupClaim | None:
         if not self._queued:
@@ -347,6 +371,9 @@ def make_delivery(edp: DistributedConduit) -> GroupDelivery:
     spec = edp.registry.get(HookKind.DELIVERY)
     mode = edp.delivery_mode
     path = GroupDelivery(edp, Mode(mode.overlap, Fraction(mode.g)), spec.fn if spec else None)
+    if edp.restored_delivery is not None:  # a restore onto these ranks: the batches they had drawn ahead
+        path.restored(edp.restored_delivery)
+        edp.restored_delivery = None
     path.start()
     edp.group.before_call = path.quiesce  # a collective of the learner's thread waits for a queued exchange
     edp.delivery = path

@@ -166,6 +166,7 @@ class DistributedConduit:
         self.agreement = GroupSpec(self.group, spec, frozenset(cfg.growable))
         self._settled = False  # whether this shard took a checked unit (its own checks are then the group's)
         self.restored = False  # whether a checkpoint was loaded (a runtime restores once, fresh)
+        self.restored_delivery: dict[str, Any] | None = None  # a restore's batches drawn ahead (replay.py)
         self._lock = threading.Lock()
         self._outbox: list[dict[str, list[Any]]] = [{"units": [], "priorities": []} for _ in range(self.world)]
         self._outbox_rows = 0

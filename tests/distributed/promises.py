@@ -278,6 +278,36 @@ def learner_side(rank: int, world: int) -> dict[str, Any]:
     edp.close()
     return out
 
+def restore_ahead(rank: int, world: int, ck: str) -> dict[str, Any]:
+    """Prioritized, two batches per exchange: saved with a batch drawn ahead and priorities fed back, restored
+    onto the same ranks, the run continues draw for draw (rows, weights): the batch drawn ahead comes back first
+    and the restored rows keep their priorities (they are not new rows to lift to the max)."""
+    kw = dict(policy="off_policy", train_batch_size=4, capacity=64 * world, seed=11, timeout_s=30,
+              sampler="prioritized", pinned={"delivery_overlap": False, "delivery_granularity": 2})
+
+    def draws(edp: cd.Conduit) -> list[Any]:
+        return [(b["tid"].tolist(), np.round(b.info.weights, 6).tolist()) for b in (edp.pull() for _ in range(3))]
+
+    edp = cd.Conduit(**kw)
+    try:
+        for k in range(4):
+            edp.push(good(rank, k))
+        for _ in range(3):  # g = 2: the third pull leaves one batch drawn ahead
+            b = edp.pull()
+            edp.update_priorities(b, (b["tid"].numpy() % 7 + 1).astype(np.float64))
+        edp.save(ck)
+        after = draws(edp)
+    finally:
+        edp.close()
+    again = cd.Conduit(**kw)
+    try:
+        again.start()  # started first: its delivery path exists when the checkpoint comes in
+        again.restore(ck)
+        restored = draws(again)
+    finally:
+        again.close()
+    return {"same": restored == after, "after": after, "restored": restored}
+
 def edp_gather(rank: int, world: int, obj: Any) -> list[Any]:
     """Gather over the default group (a runtime whose collectives failed cannot gather)."""
     got: list[Any] = [None] * world

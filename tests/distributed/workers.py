@@ -376,6 +376,7 @@ def scenarios(rank: int, world: int, port: int, out: str, ck: str, mode: str) ->
     res["push_checks_more"] = promises.hooked_and_on_policy(rank, world)
     res["delivery_hooks"] = promises.delivery_hooks(rank, world)
     res["learner_side"] = promises.learner_side(rank, world)
+    res["restore_ahead"] = promises.restore_ahead(rank, world, f"{ck}-ahead{world}")
     if mode == "save":
         res["leftovers_before"] = promises.leftovers(ck)  # a save killed before this run left its temporary
         res["save"] = save_shards(rank, world, ck)

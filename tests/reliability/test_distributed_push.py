@@ -125,3 +125,11 @@ def test_the_learner_side_keeps_one_processs_promises(worlds, world):
     assert side["new_rows"] == [{"leaves": [top], "max": 100.0}] * world, side["new_rows"]
     assert side["timed_out"] == "ConduitTimeout"
     assert side["counts"] == {"exactly_once": True, "pushed": [4] * world, "rows": 4 * world}, side["counts"]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_a_restore_onto_the_same_ranks_hands_out_the_batches_drawn_ahead_first(worlds, world):
+    """Saved with a batch drawn ahead (g = 2) and priorities fed back, restored onto as many ranks: the next
+    batches are the ones the saved run would have delivered, rows and importance weights alike."""
+    res = worlds[world]["restore_ahead"]
+    assert res["same"], res

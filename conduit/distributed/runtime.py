@@ -105,7 +105,8 @@ class DistributedConduit:
 
     Args:
         config: the *global* configuration (``capacity`` of the whole buffer, ``train_batch_size`` per
-            learner off-policy, rows per iteration on-policy); ``Conduit(policy=..., ...)`` is shorthand.
+            learner off-policy; on-policy an iteration is every row the ranks pushed before ``minibatches()``,
+            whatever ``train_batch_size`` says); ``Conduit(policy=..., ...)`` is shorthand.
         group: the learners' process group (default: the world). Construction is collective over it.
         sampling: ``"global"`` (default) or ``"local"`` (:class:`Sampling`).
         routing: ``"local"`` (default), ``"round_robin"`` or ``"proportional"`` (:class:`Routing`).

@@ -402,8 +402,16 @@ class AdmissionController:
         """
         if self.config.on_policy or self.config.quotas is None:
             return {}
-        have = self.supply(pool, inflight)
-        return {s: n - have[s] for s, n in self.need().items() if n > have[s]}
+        have, need = self.supply(pool, inflight), self.need()
+        short = {s: n - have[s] for s, n in need.items() if n > have[s]}
+        # groups in flight whose source the framework cannot name (verl's prompts carry none) may still fill any
+        # quota: only what they cannot cover is regenerated, or every poll would refill while they run
+        unnamed = 0 if ANY_SOURCE in need else inflight.get(ANY_SOURCE, 0)
+        for s in sorted(short):
+            covered = min(unnamed, short[s])
+            short[s] -= covered
+            unnamed -= covered
+        return {s: n for s, n in short.items() if n > 0}
 
     def next_batch(self) -> None:
         """Start the next train batch's quotas (the uids admitted or evicted stay decided)."""

@@ -271,3 +271,19 @@ def test_poll_never_sleeps_past_its_timeout() -> None:
     with pytest.raises(TimeoutError):
         ctl.poll(lambda: ([], {"*": 2}, 0), 0, 2, evict=lambda uids: None, refill=None, timeout_s=0.2, interval_s=30)
     assert time.monotonic() - t0 < 10  # not the 30 s interval (a busy host may add seconds, never 30)
+
+
+def test_groups_in_flight_of_no_named_source_count_against_the_quotas_deficit() -> None:
+    """verl's in-flight prompts name no source: they may still fill any quota, so the deficit (what is refilled)
+    is only what they cannot cover -- not every missing group again at every poll while they run."""
+    ctl = AdmissionController(AdmissionConfig(group_size=2, mini_batch_groups=2, dp_size=1, batch_groups=2,
+                                              quotas={"a": 1, "b": 1}, max_staleness=1))
+    assert ctl.offer([], {"*": 2}, 0).deficit == {}
+    assert sum(ctl.offer([], {"*": 1}, 0).deficit.values()) == 1
+    assert ctl.offer([], {}, 0).deficit == {"a": 1, "b": 1}
+    assert ctl.offer([GroupInfo("g", 0, "a", size=2)], {"*": 1}, 0).deficit == {}
+    refills: list[int] = []
+    with pytest.raises(TimeoutError):  # the two groups in flight never finish here: no refill is asked for
+        ctl.poll(lambda: ([], {"*": 2}, 0), 0, None, evict=lambda uids: None, refill=refills.append, timeout_s=0.2,
+                 interval_s=0.01)
+    assert refills == []

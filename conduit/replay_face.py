@@ -46,8 +46,9 @@ class ReplayFace:
         delivered batch that drew exactly those, still awaiting its update; ``None``:
         the newest delivered batch still awaiting its update. A batch awaits its update
         from delivery until it gets one (the newest 64 do); naming one that awaits none
-        raises :class:`~conduit.errors.SemanticsError`. Rows whose slot was overwritten
-        since the batch was sampled are skipped (generation check). Returns how many
+        raises :class:`~conduit.errors.SemanticsError`, as does a batch drawn from another
+        buffer; an update refused for its priorities leaves its batch awaiting. Rows whose
+        slot was overwritten since the batch was sampled are skipped (generation check). Returns how many
         priorities were applied. ``beta``: the importance-sampling exponent of the draws
         from now on, for a framework that anneals it per training step (RLlib, SRL).
         """

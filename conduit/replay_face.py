@@ -67,11 +67,9 @@ class ReplayFace:
                 "update_priorities: this batch was drawn from another replay buffer (another Conduit, or one not "
                 "restored from this one's checkpoint): its slots hold other rows here"
             )
-        info = delivery.awaited(key, lambda b: checked_priorities(b.indices, b.ids, pr))
-        rows = info.rows
-        applied = buf.update_priorities(info.indices, info.ids, pr, beta=beta, count=not rows.fed_back)
-        rows.fed_back = True  # a batch's replay counts take its first update only (count_replays="feedback")
-        return applied
+        info, first = delivery.awaited(key, lambda b: checked_priorities(b.indices, b.ids, pr))
+        # a batch's replay counts take its first update only (count_replays="feedback")
+        return buf.update_priorities(info.indices, info.ids, pr, beta=beta, count=first)
 
     def set_beta(self, beta: float) -> None:
         """Prioritized replay: the importance-sampling exponent of the draws from now on (a batch already

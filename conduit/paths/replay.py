@@ -84,7 +84,8 @@ class ReplayDelivery(DeliveryPath):
         # gathered straight onto its device: from host memory through pinned staging (an async DMA), where a host
         # gather then the transfer operator's copy would be a pageable, synchronous one (BENCHMARKS.md, "GPU")
         self._gather_to = [d if d.type == "cuda" and self._hookless else None for d in self.devices]
-        #: prioritized replay: delivered batches awaiting their priority update, newest last (:meth:`awaited`)
+        #: prioritized replay: the newest delivered batches, newest last, each awaiting its first priority update
+        #: until it had one (``rows.fed_back``; :meth:`awaited`)
         self.awaiting: deque[BatchInfo] | None = deque(maxlen=AWAITING) if buffer.sampler.has_priorities else None
 
     @property
@@ -247,31 +248,45 @@ class ReplayDelivery(DeliveryPath):
         if limiter.samples_per_insert is not None:
             buffer.counted()  # actors may be waiting for learners to sample
 
-    def awaited(self, key: BatchInfo | np.ndarray | None, check: Callable[[BatchInfo], object]) -> BatchInfo:
-        """The delivered batch a priority update is for, which then awaits no more: ``key`` itself (a batch's
-        info: also when it awaits none, an explicit batch may be updated again); the newest awaiting batch that
-        drew exactly the slots ``key``; or (``None``) the newest awaiting batch. ``check(batch)`` raises for an
-        update that batch refuses, before it stops awaiting (a refused update leaves the list as it was)."""
-        awaiting = self.awaiting
-        if awaiting is not None:
+    def awaited(
+        self, key: BatchInfo | np.ndarray | None, check: Callable[[BatchInfo], object]
+    ) -> tuple[BatchInfo, bool]:
+        """The delivered batch a priority update is for, and whether this is its first update (the one its replay
+        counts take): ``key`` itself (a batch's info, also one older than the newest kept); the newest kept batch
+        that drew exactly the slots ``key``, one awaiting its first update before one that had it (SRL's trainer
+        repeats an entry's update as it stops; cpprb takes any); or (``None``) the newest batch still awaiting its
+        first update. ``check(batch)`` raises for an update that batch refuses, before anything changes."""
+        recent = self.awaiting
+        found = None
+        if recent is not None:
             with self._lock:
-                for i in range(len(awaiting) - 1, -1, -1):
-                    cand = awaiting[i]
-                    if key is None or (
-                        (cand.learner, cand.pull_index) == (key.learner, key.pull_index)
-                        if isinstance(key, BatchInfo) else np.array_equal(cand.indices, key)
-                    ):
-                        check(cand)
-                        del awaiting[i]
-                        return cand
+                for cand in reversed(recent):
+                    if key is None:
+                        match = not cand.rows.fed_back
+                    elif isinstance(key, BatchInfo):
+                        match = (cand.learner, cand.pull_index) == (key.learner, key.pull_index)
+                    else:
+                        match = np.array_equal(cand.indices, key)
+                    if match and (found is None or found.rows.fed_back):
+                        found = cand
+                        if not cand.rows.fed_back:
+                            break
+                if found is not None:
+                    return self._fed(found, check)
         if isinstance(key, BatchInfo):
-            check(key)
-            return key
+            return self._fed(key, check)
         what = "no delivered batch" if key is None else f"no delivered batch drew these {len(key)} slots and"
         raise SemanticsError(
-            f"update_priorities: {what} awaits priorities (each batch takes one update; the newest {AWAITING} "
-            "wait); pull a batch first, or pass the batch itself"
+            f"update_priorities: {what} awaits priorities (the newest {AWAITING} delivered batches are kept, each "
+            "awaiting its first update); pull a batch first, or pass the batch itself"
         )
+
+    @staticmethod
+    def _fed(info: BatchInfo, check: Callable[[BatchInfo], object]) -> tuple[BatchInfo, bool]:
+        check(info)
+        first = not info.rows.fed_back
+        info.rows.fed_back = True
+        return info, first
 
     def _abandon(self, claim: Claim) -> None:
         assert isinstance(claim, ReplayClaim)

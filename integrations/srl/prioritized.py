@@ -97,8 +97,9 @@ class ConduitPrioritizedReplay(ConduitReplayBuffer):
             )
         if not np.all(pr > 0):
             raise ValueError("update_priorities: SRL's PER takes priorities > 0")
-        # the runtime matches the indices to the newest batch it delivered with them that awaits its update, and
-        # applies them generation-checked (dropped where a slot holds a new sample now) and counts the replays
+        # the runtime matches the indices to the newest batch it delivered with them (one awaiting its first update
+        # first: SRL's trainer repeats the last entry's update as it stops), applies them generation-checked
+        # (dropped where a slot holds a new sample now) and counts the replays at a batch's first update
         steps = self.training_steps + 1
         beta = float(self.beta_scheduler.get(steps)) if self.beta_scheduler is not None else self.beta
         edp = self.edp
@@ -108,8 +109,8 @@ class ConduitPrioritizedReplay(ConduitReplayBuffer):
             applied = edp.update_priorities(idx.astype(np.int64), pr, beta=beta)
         except SemanticsError as exc:
             raise SemanticsError(
-                "update_priorities: these sampling_indices match no batch this buffer handed out that awaits its "
-                "priorities; pass the entry's own sampling_indices, once"
+                "update_priorities: these sampling_indices match no batch this buffer handed out recently; pass the "
+                "entry's own sampling_indices"
             ) from exc
         self.training_steps, self.beta = steps, beta  # SRL anneals beta at each feedback, for the draws after it
         return applied

@@ -235,6 +235,21 @@ def test_per_feedback_for_overwritten_samples_is_dropped(made):
         buf.update_priorities(np.array([9, 9, 9, 9]), np.ones(4))
 
 
+def test_per_takes_an_entrys_feedback_again_as_srls_trainer_sends_it_when_stopping(made):
+    """SRL's GPU thread re-runs the last entry's step until its safe stop step, sending the same sampling_indices
+    each time; SRL's PrioritizedReplayBuffer takes every call: so does the drop-in (the replay counts once)."""
+    buf = made("conduit_prioritized", max_size=8, sample_length=4, batch_size=4, warmup_transitions=0, seed=1)
+    for i in range(8):
+        buf.put(sample(i))
+    entry = buf.get()
+    assert buf.update_priorities(entry.sampling_indices, np.full(4, 2.0)) == 4
+    assert buf.update_priorities(entry.sampling_indices, np.full(4, 3.0)) == 4
+    assert buf.update_priorities(entry.sampling_indices, np.full(4, 4.0)) == 4 and buf.training_steps == 3
+    drawn = set(ids_of(entry.sample).tolist())
+    e = buf.get()  # a sample that entry drew counts one replay, not three
+    assert e.reuses == pytest.approx(np.mean([float(i in drawn) for i in ids_of(e.sample).tolist()]))
+
+
 def test_per_beta_follows_the_scheduler_at_each_update(made):
     class Linear:
         init_value = 0.4

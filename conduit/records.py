@@ -284,7 +284,15 @@ def _same_numeric(vals: list[Any]) -> bool:
 
 
 def _time_major_shape(vals: list[Any]) -> tuple[tuple[int, ...], torch.dtype]:
+    """The ``[T, B, ...]`` block's shape and dtype: the samples' dtypes promoted as ``np.stack`` promotes them (SRL's
+    own stacking), so a later sample of a wider dtype is never narrowed into the first one's."""
     first = torch.as_tensor(vals[0])
     if first.dim() < 1:
         raise SpecError("every array of a sequence sample has a time axis (axis 0)")
-    return (int(first.shape[0]), len(vals), *first.shape[1:]), first.dtype
+    dtype = first.dtype
+    if not _same_numeric(vals):
+        if all(isinstance(v, np.ndarray) for v in vals):
+            dtype = torch.from_numpy(np.empty(0, np.result_type(*(v.dtype for v in vals)))).dtype
+        else:
+            dtype = functools.reduce(torch.promote_types, (torch.as_tensor(v).dtype for v in vals))
+    return (int(first.shape[0]), len(vals), *first.shape[1:]), dtype

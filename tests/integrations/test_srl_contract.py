@@ -553,6 +553,22 @@ def test_queue_takes_nested_actor_samples_and_returns_the_nested_record(made, mo
     assert _leaf_shapes(s) == _leaf_shapes(ref.get().sample)
 
 
+@pytest.mark.parametrize("dtypes", [(np.int32, np.int64), (np.float32, np.float64), (np.int64, np.float32)], ids=str)
+def test_queue_promotes_a_batchs_dtypes_as_srls_own_stacking(made, module, dtypes):
+    """Samples of one entry whose leaf differs in dtype: stacked into the promoted dtype, values intact, as SRL's
+    PriorityQueueBuffer (``np.stack``) does -- never narrowed into the first sample's dtype, never a TypeError."""
+    named = _named_type(module)
+    values = [np.full((3, 1), 1, dtypes[0]), np.full((3, 1), 2**40 if dtypes[1] is np.int64 else 0.5, dtypes[1])]
+    ref = module.PriorityQueueBuffer(max_size=4, reuses=1, batch_size=2)
+    buf = made("conduit_queue", max_size=4, reuses=1, batch_size=2)
+    for v in values:
+        ref.put(named(v=v))
+        buf.put(named(v=v))
+    want, got = ref.get().sample.v, buf.get().sample.v
+    assert got.dtype == want.dtype == np.result_type(*dtypes)
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("name", ["conduit_replay", "conduit_prioritized"])
 def test_replay_takes_nested_actor_samples_and_returns_the_nested_record(made, module, name):
     named_t = _named_type(module)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -122,9 +123,12 @@ class ConduitReplayBuffer:
         return {"sampler": "uniform"}
 
     def _runtime(self, layout: RecordLayout) -> conduit.Conduit:
+        """The runtime, which holds this buffer only weakly: SRL never closes a buffer, it drops it, and then the
+        runtime is closed (its worker and storage freed) with it."""
         edp = conduit.Conduit(self._config(layout))
         if self.staging is not None:
-            edp.register_delivery(input="ExperienceBuffer", output="Learner")(self._time_major)
+            edp.register_delivery(input="ExperienceBuffer", output="Learner")(_held_weakly(self))
+        weakref.finalize(self, edp.close)
         return edp
 
     def _begin(self, sample: Any) -> None:
@@ -146,7 +150,7 @@ class ConduitReplayBuffer:
         self.layout, self.edp, self.sample_length = layout, edp, layout.length
         self._kwargs["sample_length"] = layout.length
 
-    def _time_major(self, exp_in: Reader, learn_out: Writer) -> None:
+    def deliver(self, exp_in: Reader, learn_out: Writer) -> None:
         """Delivery hook: each batch of ``[B, T, ...]`` rows as the transposed view of a ``[T, B, ...]`` block (one
         output row per input row, as a delivery hook must) -- on a CPU trainer the gather wrote that layout itself
         (``Tuning.time_major``), for a GPU trainer's prefetcher it is copied into a page-locked block; and the
@@ -261,7 +265,7 @@ class ConduitReplayBuffer:
         return ready
 
     def _out(self, name: str, v: torch.Tensor) -> Any:
-        if v.device.type == "cpu":  # the [T, B, ...] block, as a numpy view (see _time_major)
+        if v.device.type == "cpu":  # the [T, B, ...] block, as a numpy view (see deliver)
             return v.numpy().swapaxes(0, 1)
         tm = v.transpose(0, 1)  # a view of the device gather
         if name in HOST_FIELDS:
@@ -318,6 +322,20 @@ class ConduitReplayBuffer:
             f"{type(self).__name__}(max_size={self.max_size}, batch_size={self.batch_size}, "
             f"stored={self.qsize()} transitions, types={self.types.source})"
         )
+
+
+def _held_weakly(buffer: ConduitReplayBuffer) -> Callable[[Reader, Writer], None]:
+    """The delivery hook (:meth:`ConduitReplayBuffer.deliver`) over a weak reference to ``buffer``: the
+    runtime's worker keeps no dropped buffer alive."""
+    ref = weakref.ref(buffer)
+
+    def time_major(exp_in: Reader, learn_out: Writer) -> None:
+        live = ref()
+        if live is None:
+            raise conduit.RuntimeClosed("the SRL buffer this runtime served was dropped")
+        live.deliver(exp_in, learn_out)
+
+    return time_major
 
 
 def _rebuild(

@@ -553,6 +553,27 @@ def test_queue_takes_nested_actor_samples_and_returns_the_nested_record(made, mo
     assert _leaf_shapes(s) == _leaf_shapes(ref.get().sample)
 
 
+@pytest.mark.parametrize("name", ["conduit_replay", "conduit_prioritized"])
+def test_a_dropped_replay_buffer_is_freed_with_its_runtime(module, name):
+    """SRL never closes a buffer, it drops it (a worker reconfigured, a buffer rebuilt from its pickle): the
+    buffer is collected and its runtime closed -- no worker thread or storage left behind for the process's life."""
+    import gc
+    import pickle
+    import weakref
+
+    buf = srl.make(name, module, max_size=8, batch_size=2, warmup_transitions=0, sample_length=4, seed=0)
+    for i in range(8):
+        buf.put(sample(i))
+    buf.get()
+    again = pickle.loads(pickle.dumps(buf))
+    again.get()
+    runtimes, refs = [buf.edp, again.edp], [weakref.ref(buf), weakref.ref(again)]
+    del buf, again
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    assert all(edp.closed for edp in runtimes)
+
+
 @pytest.mark.parametrize("dtypes", [(np.int32, np.int64), (np.float32, np.float64), (np.int64, np.float32)], ids=str)
 def test_queue_promotes_a_batchs_dtypes_as_srls_own_stacking(made, module, dtypes):
     """Samples of one entry whose leaf differs in dtype: stacked into the promoted dtype, values intact, as SRL's

@@ -49,6 +49,7 @@ from typing import Any
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
+from conduit import ConfigError
 from conduit.ext import ANY_SOURCE, AdmissionConfig, AdmissionController, GroupInfo
 
 __all__ = ["ConduitAdmissionBuffer"]
@@ -96,9 +97,15 @@ class ConduitAdmissionBuffer(ReplayBufferAsync):
         """verl's terminal (finished or failed) prompt groups, with their trajectory counts and sources."""
         rows: Counter[str] = Counter()
         source: dict[str, str] = {}
+        quotas = self.admission.config.quotas is not None
         for key, tag in self.partitions[partition_id].items():
             uid = key.split("_")[0]
             rows[uid] += 1
+            if quotas and "data_source" not in tag:  # else every group is of no source: no quota would ever fill
+                raise ConfigError(
+                    f"sampler_kwargs.quotas: trajectory {key!r} has no data_source tag; verl 0.9.1's agent loop "
+                    "stores data_source as a field, not a TransferQueue tag: tag it in your agent loop, or drop quotas"
+                )
             source.setdefault(uid, str(tag.get("data_source", ANY_SOURCE)))
         steps = self.prompt_global_steps[partition_id]
         failed = self.failure_keys[partition_id]

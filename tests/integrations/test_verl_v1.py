@@ -87,14 +87,15 @@ def test_conduit_step_equals_verls_step_on_transfer_queue(example, mode: str) ->
     assert 0 <= metrics["conduit/exposed_path_s"] and 0 <= metrics["conduit/serial_path_s"]
 
 
-def _group(uid: str, n: int, step: int, status: str, source: str = "gsm8k") -> None:
+def _group(uid: str, n: int, step: int, status: str, source: str | None = "gsm8k") -> None:
     """A prompt's tag and, once finished, its ``n`` trajectories, written as verl's agent loop writes them."""
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
     if status == "finished":
         keys = [f"{uid}_{s}_0" for s in range(n)]
         fields = [{"input_ids": torch.arange(4) + s, "uid": uid} for s in range(n)]
-        tags = [{"status": "success", "global_steps": step, "data_source": source} for _ in range(n)]
+        tags = [{"status": "success", "global_steps": step} | ({} if source is None else {"data_source": source})
+                for _ in range(n)]
         tq.kv_batch_put(keys=keys, partition_id="train", fields=list_of_dict_to_tensordict(fields), tags=tags)
     tq.kv_put(key=uid, partition_id="train", fields=None,
               tag={"is_prompt": True, "status": status, "global_steps": step})
@@ -167,3 +168,25 @@ def test_admission_buffer_polls_transfer_queue_and_admits_whole_groups_as_they_f
     assert refills == [1] and not generating
     assert m3["conduit/evicted_stale_groups"] == 1 and m3["conduit/refilled_groups"] == 1
     assert not any(k == "old" or k.startswith("old_") for k in listed)  # cleared from the queue
+
+
+def test_quotas_need_a_data_source_tag_and_say_so_at_once(example) -> None:
+    """verl 0.9.1's agent loop stores ``data_source`` as a field, not a tag: with per-source quotas every group
+    would be of no source and never fill one; the sampler says so at its first poll (not after its hour-long
+    timeout, refilling prompts meanwhile)."""
+    from conduit.integrations.verl.sampler import ConduitAdmissionBuffer
+
+    from conduit import ConfigError
+
+    refills: list[int] = []
+    buf = ConduitAdmissionBuffer("separate_async", {}, 1, "drop",
+                                 {"group_size": 2, "mini_batch_groups": 1, "batch_groups": 2, "poll_interval": 0.01,
+                                  "quotas": {"gsm8k": 1, "math": 1}, "timeout_s": 60}, refill_fn=refills.append)
+    _group("untagged", 2, 1, "finished", source=None)
+    try:
+        with pytest.raises(ConfigError, match="no data_source tag"):
+            buf.sample(1, "train", 1)
+    finally:
+        listed = (tq.kv_list() or {}).get("train", {})
+        tq.kv_clear(keys=list(listed), partition_id="train")
+    assert refills == []

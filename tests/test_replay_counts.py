@@ -48,7 +48,8 @@ def test_each_batch_reports_how_many_earlier_batches_drew_each_of_its_rows(deliv
         assert second.times_sampled.tolist() == [int(i in set(first.ids.tolist())) for i in second.ids.tolist()]
 
 
-def test_counted_at_feedback_only_the_batches_whose_priorities_landed_count():
+def test_counted_at_feedback_only_the_batches_whose_priorities_landed_count_each_once():
+    """A batch without feedback is not counted; one updated twice (a second gradient step on it) counts once."""
     fed: Counter[int] = Counter()
     with counting("feedback", Mode(False, 1), sampler="prioritized") as edp:
         edp.push(transitions(16))
@@ -58,24 +59,11 @@ def test_counted_at_feedback_only_the_batches_whose_priorities_landed_count():
             assert b.info.times_sampled.tolist() == [fed[i] for i in ids]
             if step % 3:  # every third batch gets no feedback, and is not counted
                 edp.update_priorities(b, torch.rand(6) + 0.1)
+                if step % 2:  # a second update moves priorities, not the counts
+                    edp.update_priorities(b, torch.rand(6) + 0.1)
                 fed.update(set(ids))
         assert sum(fed.values()) > 0
 
-
-
-def test_a_batch_updated_twice_counts_once_at_feedback():
-    """A second update of the same batch (a second gradient step on it) moves priorities, not the counts."""
-    fed: Counter[int] = Counter()
-    with counting("feedback", Mode(False, 1), sampler="prioritized") as edp:
-        edp.push(transitions(16))
-        for step in range(12):
-            b = edp.pull()
-            ids = b.info.ids.tolist()
-            assert b.info.times_sampled.tolist() == [fed[i] for i in ids]
-            edp.update_priorities(b, torch.rand(6) + 0.1)
-            if step % 2:
-                edp.update_priorities(b, torch.rand(6) + 0.1)
-            fed.update(set(ids))
 
 def test_counts_survive_a_checkpoint_and_cost_nothing_when_off(tmp_path):
     with counting("draw", Mode(False, 1)) as a:

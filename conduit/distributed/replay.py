@@ -147,7 +147,6 @@ class GroupDelivery(DeliveryPath):
         self.pull_timeout = edp.config.timeout_s
         shard = edp.shard.buffer if edp.shard is not None else None
         self._new_since = shard.inserted if shard is not None else 0  # this shard's rows from this id on are new
-        self._fed_max = 0.0  # the largest priority this rank sent other ranks' rows since the last sync
 
     # -- what an invocation is ---------------------------------------------------------------------
     def _ready(self, learner: int, rows: int = 0) -> bool:
@@ -179,31 +178,26 @@ class GroupDelivery(DeliveryPath):
 
     def shard_priorities(self) -> tuple[float, float, float, float]:
         """What this rank's sync reports of its shard's priorities: the total mass and smallest non-zero priority
-        (``p^alpha``) for the request matrix of the group's next draw; the largest priority it knows of (its shard's
-        max, and what it sent other ranks' rows) and the smallest ``p^alpha`` of its new rows (:func:`lifts`).
-        0, inf, 0, inf without priorities."""
+        (``p^alpha``) for the request matrix of the group's next draw; its max priority and the smallest
+        ``p^alpha`` of its new rows (:func:`lifts`). 0, inf, 0, inf without priorities."""
         buffer = self.edp.shard.buffer
-        if buffer is None or self.edp.config.sampler is not SamplerKind.PRIORITIZED or not buffer.rows:
+        if buffer is None or self.edp.config.sampler is not SamplerKind.PRIORITIZED:
             return 0.0, float("inf"), 0.0, float("inf")
-        total, low, _ = buffer.priority_mass()
         top, new_low = buffer.newest_state(self._new_since)
-        return total, low, max(top, self._fed_max), new_low
+        if not buffer.rows:
+            return 0.0, float("inf"), top, new_low
+        total, low, _ = buffer.priority_mass()
+        return total, low, top, new_low
 
-    def fed(self, priorities: np.ndarray) -> None:
-        """This rank sent ``priorities`` (also) to other ranks' rows: the group's max priority is at least theirs."""
-        buffer = self.edp.shard.buffer
-        if priorities.size and buffer is not None:
-            self._fed_max = max(self._fed_max, float(np.abs(priorities).max()) + buffer.sampler.eps)
-
-    def synced(self, group_max: float | None) -> None:
-        """A sync ended: with ``group_max``, this shard's max priority becomes the group's and its new rows rise to
-        it (:func:`lifts` said some shard's were below); from now on, rows stored are new."""
+    def synced(self, group_max: float) -> None:
+        """A sync gathered the group's state: this shard's max priority becomes the group's, ``group_max``, and its
+        rows new since the last sync rise to it (a no-op unless :func:`lifts` said some shard's were below); rows
+        stored from now on are new."""
         buffer = self.edp.shard.buffer
         if buffer is None or self.edp.config.sampler is not SamplerKind.PRIORITIZED:
             return
-        if group_max is not None:
-            buffer.lift_newest(self._new_since, group_max)
-        self._new_since, self._fed_max = buffer.inserted, 0.0
+        buffer.lift_newest(self._new_since, group_max)
+        self._new_since = buffer.inserted
 
     def _describe_wait(self, learner: int) -> str:
         return f"the group's exchange for learner {self.edp.rank}: {self.doing('none running')}"
@@ -221,7 +215,7 @@ class GroupDelivery(DeliveryPath):
         if state is not None:
             self.load_state_dict(state)
         buffer = self.edp.shard.buffer if self.edp.shard is not None else None
-        self._new_since, self._fed_max = (buffer.inserted if buffer is not None else 0), 0.0
+        self._new_since = buffer.inserted if buffer is not None else 0
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

@@ -36,11 +36,11 @@ def sync(edp: DistributedConduit, give_up: bool) -> np.ndarray:
         edp.delivery.quiesce()  # an overlapped exchange queued or running goes first (a no-op on the worker)
     with edp._lock:
         outbox, edp._outbox = edp._outbox, [{"units": [], "priorities": []} for _ in range(edp.world)]
-        moving = edp._outbox_rows
+        moving, sent_max, edp._outbox_max = edp._outbox_rows, edp._outbox_max, 0.0
     payload = [dumps(o) if o["units"] or o["priorities"] else torch.empty(0, dtype=torch.uint8) for o in outbox]
     sizes = [int(p.numel()) for p in payload]
     try:
-        state = edp.group.gather(state_vector(edp, give_up, sizes), "sync (state and outbox sizes)")
+        state = edp.group.gather(state_vector(edp, give_up, sizes, sent_max), "sync (state and outbox sizes)")
         pending = state[:, HEAD:].to(torch.int64)
         moved, lift = int(pending.sum()), lifts(state, edp.config.prioritized.alpha)  # alike on every rank
         if moved:
@@ -63,16 +63,16 @@ def sync(edp: DistributedConduit, give_up: bool) -> np.ndarray:
     return state[:, :HEAD].numpy()
 
 
-def state_vector(edp: DistributedConduit, give_up: bool, sizes: list[int]) -> torch.Tensor:
+def state_vector(edp: DistributedConduit, give_up: bool, sizes: list[int], sent_max: float = 0.0) -> torch.Tensor:
     """This rank's row of the sync's state (the columns :mod:`conduit.distributed.replay` names), then its outbox
-    sizes."""
+    sizes; ``sent_max``: the largest priority in the outbox this sync moves (the group's max is at least it)."""
     buf = edp.shard.buffer if edp.shard is not None else None
     rows = float(buf.rows) if buf is not None else 0.0
     inf = float("inf")
-    prio = edp.delivery.shard_priorities() if edp.delivery is not None else (0.0, inf, 0.0, inf)
+    mass, low, top, new_low = edp.delivery.shard_priorities() if edp.delivery is not None else (0.0, inf, 0.0, inf)
     rate = edp.rate.snapshot() if edp.rate is not None else (0, 0, 0)
-    head = [rows, *prio[:2], edp.spec_key(), float(buf.inserted if buf else 0), float(give_up), *map(float, rate),
-            *prio[2:]]
+    head = [rows, mass, low, edp.spec_key(), float(buf.inserted if buf else 0), float(give_up), *map(float, rate),
+            max(top, sent_max), new_low]
     return torch.tensor(head + [float(s) for s in sizes], dtype=torch.float64)
 
 

@@ -47,7 +47,7 @@ from collections import Counter
 from typing import Any
 
 from transfer_queue import KVBatchMeta
-from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
+from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync, _accumulate_eviction_metrics
 
 from conduit import ConfigError
 from conduit.ext import ANY_SOURCE, AdmissionConfig, AdmissionController, GroupInfo
@@ -134,14 +134,24 @@ class ConduitAdmissionBuffer(ReplayBufferAsync):
         if self.admitted_step != global_steps:  # a new step: its quotas start (a step never inherits a partial one)
             self.admission.next_batch()
             self.admitted_step = global_steps
+        seen: dict[str, GroupInfo] = {}
+        evicted: dict[str, Any] = {}  # verl's own eviction metrics, over every poll of this call
+
         def snapshot() -> tuple[list[GroupInfo], Counter[str], int | None]:
             self._sync_metadata_from_transfer_queue()
-            return (self.terminal_groups(partition_id, global_steps), *self.inflight(partition_id))
+            groups = self.terminal_groups(partition_id, global_steps)
+            seen.update({g.uid: g for g in groups})
+            return (groups, *self.inflight(partition_id))
 
-        polled = self.admission.poll(
-            snapshot, global_steps, batch_size, evict=lambda uids: self._clear_groups(partition_id, uids),
-            refill=self.refill_fn, timeout_s=self.timeout_s, interval_s=self.poll_interval,
-        )
+        def evict(uids: set[str]) -> None:
+            """verl's own eviction (its ``_evict_terminal_groups``: clears the groups, reports its metrics)."""
+            stale = {u for u in uids if u in seen and not self.admission.misfit(seen[u])}
+            _, n_stale, _, m = self._evict_terminal_groups(global_steps, partition_id,
+                                                           (stale, set(), uids - stale, Counter()))
+            _accumulate_eviction_metrics(evicted, m, n_stale)
+
+        polled = self.admission.poll(snapshot, global_steps, batch_size, evict=evict, refill=self.refill_fn,
+                                     timeout_s=self.timeout_s, interval_s=self.poll_interval)
         uids = [g.uid for g in polled.admitted]
         if self.admission.config.on_policy and not any(g.size for g in polled.admitted):
             raise RuntimeError("Sync replay buffer selected terminal groups with no materializable trajectories.")
@@ -153,4 +163,4 @@ class ConduitAdmissionBuffer(ReplayBufferAsync):
             "conduit/refilled_groups": polled.refilled,
             "conduit/blocked_polls": polled.blocked,
         }
-        return self._materialize_batch(partition_id, uids, dict(self.partitions[partition_id])), metrics
+        return self._materialize_batch(partition_id, uids, dict(self.partitions[partition_id])), {**evicted, **metrics}

@@ -167,6 +167,11 @@ def test_admission_buffer_polls_transfer_queue_and_admits_whole_groups_as_they_f
     # the stale group: refilled one for one, as verl's async buffer does (no quotas: no other refill)
     assert refills == [1] and not generating
     assert m3["conduit/evicted_stale_groups"] == 1 and m3["conduit/refilled_groups"] == 1
+    # and verl's own eviction metrics, as its async buffer reports them (the group was generated at step 1: span 3)
+    stale = {k: v for k, v in m3.items() if "/off_policy/evicted_samples" in k}
+    assert {k.split("/", 1)[1]: v for k, v in stale.items()} == {
+        "off_policy/evicted_samples": 1, "off_policy/evicted_samples_staleness/mean": 3.0,
+        "off_policy/evicted_samples_staleness/max": 3.0, "off_policy/evicted_samples_staleness/min": 3.0}
     assert not any(k == "old" or k.startswith("old_") for k in listed)  # cleared from the queue
 
 

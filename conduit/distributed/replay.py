@@ -21,7 +21,8 @@ out the last staged batch queues the next (:meth:`GroupDelivery._pull_staged`), 
 runs the same exchanges in the same order whatever its timing, and a collective of the learner's
 own (a sync, the planner's gathers, a checkpoint), a mode switch and close first wait until no
 queued invocation is left (:meth:`GroupDelivery.quiesce`). A timeout every rank reached alike
-(:class:`GroupTimeout`) goes to the pull waiting for the batch, not latched as the rank's failure.
+(:class:`GroupTimeout`) goes to the pull waiting for the batch, not latched as the rank's failure; a
+hook's error is latched, as one process latches it (every later call on the rank raises it).
 The mode is the config's (pinned knobs, else the prior: overlapped for learners on a GPU), or
 chosen by measuring the loop (``plan="auto"``: :func:`plan_pull`, :mod:`conduit.scheduling.planner`).
 
@@ -46,7 +47,7 @@ from conduit.config import ConduitConfig
 from conduit.core import Mode, SamplerKind
 from conduit.distributed import sampling as smp
 from conduit.distributed.exchange import META_ID, META_SLOT, META_WEIGHT, RowLayout, blocks, put
-from conduit.errors import ConduitTimeout, RuntimeFailed, SemanticsError
+from conduit.errors import ConduitTimeout, RateLimited, RuntimeClosed, RuntimeFailed, SemanticsError
 from conduit.executor import wait_until
 from conduit.hooks import HookKind
 from conduit.paths.delivery import Claim, DeliveryPath, HookFn, Place, Staged
@@ -161,9 +162,10 @@ class GroupDelivery(DeliveryPath):
                           invocation=invocation, timeout=self.pull_timeout)
 
     def _passes(self, exc: Exception) -> bool:
-        """Inline, every error is the pulling caller's, as one process's; on the worker, those every rank raised
-        alike (a group timeout) or latched already (a failed rank) go to the pull, the rest fail the rank."""
-        return not self._on_worker() or isinstance(exc, (GroupTimeout, RuntimeFailed))
+        """Errors every rank raised alike (a group timeout, a draw the rate refused) and a closed runtime's go to the
+        pulling caller; the rest fail the rank, inline or on the worker, as they fail one process: a hook's or a
+        transfer's error is latched and raised by every later call (a failed rank's, latched already, re-raised)."""
+        return isinstance(exc, (GroupTimeout, RateLimited, RuntimeClosed))
 
     def _on_worker(self) -> bool:
         return getattr(self._running, "on", False)
@@ -238,7 +240,7 @@ class GroupDelivery(DeliveryPath):
         self._running.on = True
         try:
             super()._work(claim)
-        except (GroupTimeout, RuntimeFailed) as exc:  # passed by _invoke: the waiting pull raises it
+        except (GroupTimeout, RuntimeFailed) as exc:  # passed or latched by _invoke: the waiting pull raises it
             with self._lock:
                 self._handed = exc
                 self.cond.notify_all()

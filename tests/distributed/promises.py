@@ -164,7 +164,8 @@ def delivery_hooks(rank: int, world: int) -> dict[str, Any]:
         res["error"] = f"{type(e).__name__}: {e}"
     edp.close()
     out["pool_local"] = edp_gather(rank, world, res)
-    for case in ("facts", "facts_local", "facts_on_policy", "drops", "fails"):
+    for case in ("facts", "facts_local", "facts_on_policy", "drops", "fails", "fails_overlapped"):
+        runs: list[int] = []
         if case == "facts_local":  # local sampling: the shard's own delivery path runs the hook
             edp = cd.Conduit(policy="off_policy", train_batch_size=8, capacity=100 * world, sampler="prioritized",
                              seed=11, timeout_s=30, sampling="local")
@@ -173,12 +174,14 @@ def delivery_hooks(rank: int, world: int) -> dict[str, Any]:
                              num_learners=world, seed=7, timeout_s=30)
         else:
             edp = cd.Conduit(policy="off_policy", train_batch_size=8, capacity=100 * world, sampler="prioritized",
-                             seed=11, timeout_s=30, sampling="global")
+                             seed=11, timeout_s=30, sampling="global",
+                             pinned={"delivery_overlap": case == "fails_overlapped"})
 
         @edp.register_delivery()
-        def hook(exp_in: Any, learn_out: Any, case: str = case) -> None:
+        def hook(exp_in: Any, learn_out: Any, case: str = case, runs: list[int] = runs) -> None:
+            runs.append(1)
             data, info = exp_in.read(), exp_in.info
-            if case == "fails":
+            if case.startswith("fails"):
                 raise ValueError("the learner's hook failed")
             if case == "drops":
                 learn_out.write({k: v[1:] for k, v in data.items()})
@@ -203,6 +206,9 @@ def delivery_hooks(rank: int, world: int) -> dict[str, Any]:
                 res["owners_seen"] = bool(np.array_equal(batch["seen_owners"].numpy(), batch.owners))
         except Exception as e:
             res["error"] = f"{type(e).__name__}: {e}"
+        if case in ("drops", "fails", "fails_overlapped"):  # latched, as one process latches it: raised again
+            res["again"] = _outcome(edp.pull)              # by the next call, the hook not run again
+            res["runs"] = len(runs)
         edp.close()
         out[case] = edp_gather(rank, world, res)
     return out

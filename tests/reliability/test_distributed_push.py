@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
+import conduit
 from tests.distributed.conftest import run_groups
 from tests.distributed.promises import ROUTINGS
 
@@ -104,10 +106,37 @@ def test_a_delivery_hook_across_ranks_runs_as_one_processs_does(worlds, world):
             assert res.get("owners_seen", case != "facts"), (case, r)
     for r, res in enumerate(cases["pool_local"]):  # local sampling: g batches drawn before any is handed out
         assert res == {"rows_match": True}, (r, res)
+    alone = {case: _one_process_hook_failure(case) for case in ("drops", "fails")}
+    for case in ("drops", "fails", "fails_overlapped"):
+        first, again = alone[case.removesuffix("_overlapped")]
+        for r, res in enumerate(cases[case]):  # latched: the next pull raises it again, the hook not run again
+            assert res["error"].split(":")[0] == first and res["again"] == again and res["runs"] == 1, (case, r, res)
     for r, res in enumerate(cases["drops"]):
-        assert res["error"].startswith("ConduitError") and "one output row per input row" in res["error"], (r, res)
-    for r, res in enumerate(cases["fails"]):
-        assert res["error"].startswith("HookFailed") and "hook" in res["error"], (r, res)
+        assert "one output row per input row" in res["error"], (r, res)
+    for r, res in enumerate(cases["fails"] + cases["fails_overlapped"]):
+        assert "the learner's hook failed" in res["error"], (r, res)
+
+
+def _one_process_hook_failure(case: str) -> tuple[str, str]:
+    """What one process raises at the pull whose delivery hook drops a row or fails, and at the next pull."""
+    edp = conduit.Conduit(policy="off_policy", train_batch_size=8, capacity=100, sampler="prioritized", seed=11)
+
+    @edp.register_delivery()
+    def hook(exp_in: Any, learn_out: Any) -> None:
+        if case == "fails":
+            raise ValueError("the learner's hook failed")
+        learn_out.write({k: v[1:] for k, v in exp_in.read().items()})
+
+    edp.push({"obs": torch.zeros(8, 3), "tid": torch.arange(8)})
+    outcomes = []
+    for _ in range(2):
+        try:
+            edp.pull()
+            outcomes.append("accepted")
+        except Exception as e:
+            outcomes.append(type(e).__name__)
+    edp.close()
+    return outcomes[0], outcomes[1]
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -122,8 +122,10 @@ def profile(
     explicit = {k for k in flags if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"}
     with user_errors():
         options = ProfileOptions.build(flags, explicit, config)
-    workloads = options.workloads()
-    g_max = options.g_max
+        workloads = options.workloads()
+        g_max = options.g_max
+        for workload in workloads:  # a workload the config refuses is the user's mistake, said before profiling
+            workload.config(g_max=g_max)
     console = Console(stderr=as_json)
     out: dict[str, Any] = {"machine": machine_info(), "budget_s": budget, "workloads": []}
     if not as_json:

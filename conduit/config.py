@@ -102,17 +102,17 @@ class RateLimit(_Config):
     :class:`~conduit.errors.RateLimited` at once instead of waiting.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     samples_per_insert: Annotated[float, Field(gt=0.0)]
-    tolerance: Annotated[float, Field(ge=0.0)]
+    tolerance: Annotated[float, Field(ge=0.0, allow_inf_nan=True)]  # inf: no band (only min_size limits)
     block: bool = True
 
 
 class PrioritizedReplay(_Config):
     """Prioritized experience replay (Schaul et al.): ``P(i) ∝ p_i^alpha``, IS weights with ``beta``."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     alpha: Annotated[float, Field(ge=0.0, description="priority exponent")] = 0.6
     beta: Annotated[float, Field(ge=0.0, le=1.0, description="importance-sampling exponent")] = 0.4
@@ -128,7 +128,7 @@ class SchedulePin(_Config):
     ``SchedulePin.of(schedule)`` pins all four knobs to a :class:`~conduit.core.Schedule`.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     ingestion_overlap: bool | None = None
     ingestion_granularity: str | float | int | None = None
@@ -185,7 +185,7 @@ class Tuning(_Config):
             non-scalar field has a time axis.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     batch_pool: Annotated[int, Field(ge=0)] = 0
     recycle_batches: bool = True
@@ -247,7 +247,7 @@ class ConduitConfig(_Config):
         timeout_s: default timeout of every blocking call.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     policy: Policy
     train_batch_size: Annotated[int, Field(gt=0)]
@@ -273,7 +273,7 @@ class ConduitConfig(_Config):
     memory_headroom: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
     pinned: SchedulePin = SchedulePin()
     tuning: Tuning = Tuning()
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=0)] | None = None
     timeout_s: Annotated[float, Field(gt=0.0)] = 60.0
 
     # -- field validators ---------------------------------------------------

@@ -117,6 +117,15 @@ def test_profile_rejects_an_unknown_policy():
     assert result.exit_code != 0
 
 
+@pytest.mark.parametrize("args", [["--policy", "off", "--capacity", "10", "--batch-size", "512"],
+                                  ["--policy", "on", "--minibatches", "4", "--unit-size", "2",
+                                   "--units-per-iteration", "1"]])
+def test_a_workload_the_config_refuses_is_the_users_mistake_said_before_profiling(args):
+    result = CliRunner().invoke(app, ["profile", *args, "--json", "--budget", "5"])
+    assert result.exit_code == 2 and "error: invalid ConduitConfig" in result.output, result.output
+    assert "Traceback" not in result.output and "machine" not in result.output
+
+
 def test_the_measured_check_compares_only_two_schedules():
     from conduit.cli.profile_report import measured_line as _measured_line
 

@@ -42,6 +42,12 @@ def on(**kw):
         (off, dict(pinned=SchedulePin(delivery_granularity=9)), "pinned.delivery_granularity=9"),
         (on, dict(pinned=SchedulePin(ingestion_overlap=True, ingestion_granularity=1)), "breaks on_policy semantics"),
         (on, dict(num_minibatches=1, pinned=SchedulePin(delivery_overlap=True)), "breaks on_policy semantics"),
+        # accepted once, then failed at start or at a pull with errors that named no field
+        (off, dict(seed=-1), "seed: Input should be greater than or equal to 0 (got -1)"),
+        (off, dict(timeout_s=float("inf")), "timeout_s: Input should be a finite number"),
+        (off, dict(rate_limit=dict(samples_per_insert=float("inf"), tolerance=64)), "samples_per_insert: Input should"),
+        (off, dict(prioritized=dict(alpha=float("nan"))), "alpha: Input should be a finite number"),
+        (off, dict(rate_limit=dict(samples_per_insert=1.0, tolerance=float("nan"))), "tolerance: Input should be"),
     ],
 )
 def test_bad_configs_are_rejected_with_the_field_and_value(make, kw, fragment):
@@ -61,6 +67,10 @@ def test_a_config_error_lists_every_bad_field_as_written_with_what_it_got_and_wh
     assert "samples_per_insert: Input should be greater than 0 (got -1)" in text
     with pytest.raises(ConfigError, match=r"zzz: not a setting \(got 1\); valid: capacity, copy_on_push"):
         off(zzz=1)
+
+
+def test_an_infinite_rate_tolerance_is_no_band():
+    assert off(rate_limit=dict(samples_per_insert=1.0, tolerance=float("inf"))).rate_limit.tolerance == float("inf")
 
 
 def test_configs_are_frozen():

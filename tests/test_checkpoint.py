@@ -57,6 +57,20 @@ def test_restore_and_continue_matches_an_uninterrupted_run_sample_for_sample(tmp
     assert first + resumed == uninterrupted
 
 
+def test_an_annealed_beta_is_part_of_the_checkpoint(tmp_path):
+    """``set_beta`` (a framework's annealed importance-sampling exponent) goes on after a restore: the restored
+    run draws the uninterrupted run's rows with its weights, not the configured beta's."""
+    with make("prioritized") as a:
+        drive(a, range(4), [])
+        a.set_beta(1.0)
+        a.save(tmp_path / "ckpt")
+        expected = a.pull()
+    with Conduit.from_checkpoint(tmp_path / "ckpt") as c:
+        got = c.pull()
+    assert got["tid"].tolist() == expected["tid"].tolist()
+    np.testing.assert_array_equal(np.asarray(got.weights), np.asarray(expected.weights))
+
+
 def test_restore_into_another_placement_keeps_every_row(tmp_path):
     with make("prioritized") as a:
         drive(a, range(10), [])

@@ -117,12 +117,16 @@ class PrioritizedSampler(Sampler):
     def state_dict(self) -> dict[str, Any]:
         return {
             **super().state_dict(), "leaves": self.tree.state(), "max_priority": self.max_priority,
+            "beta": self.beta,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The saved priorities, max priority and beta (as annealed by ``set_beta`` when saved: the restored run
+        goes on drawing with it; a checkpoint from before beta was saved keeps the configured one)."""
         super().load_state_dict(state)
         self.tree.load(np.asarray(state["leaves"], dtype=np.float64))
         self.max_priority = float(state["max_priority"])
+        self.beta = float(state.get("beta", self.beta))
 
 
 def checked_priorities(indices: Any, ids: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -71,6 +71,28 @@ def test_an_annealed_beta_is_part_of_the_checkpoint(tmp_path):
     np.testing.assert_array_equal(np.asarray(got.weights), np.asarray(expected.weights))
 
 
+@pytest.mark.parametrize("learners", [1, 3])
+def test_a_queues_staged_batches_reach_a_restore_into_another_number_of_learners(tmp_path, learners):
+    """Staged batches of a queue (each row delivered once) are in the checkpoint: restored into fewer learners,
+    those of the learners gone go to the learners left; into more, the new ones pull from pull 0."""
+    queue = dict(sampler="fifo", max_times_sampled=1, capacity=64, pinned=Schedule(Mode(False, 1), Mode(True, 2)))
+    got: list[int] = []
+    with make(num_learners=2, **queue) as a:
+        a.push(transitions(32))
+        got += a.pull(0)["tid"].tolist() + a.pull(1)["tid"].tolist()
+        deadline = time.monotonic() + 10
+        while min(len(q) for q in a.state_dict()["delivery"]["staged"]) == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the worker stages each learner's next batch
+        a.save(tmp_path / "ckpt")
+    b = make(num_learners=learners, **{**queue, "pinned": INLINE})  # (overlapped, the others' staged batches
+    b.restore(tmp_path / "ckpt")                                     # may hold every row a new learner could get)
+    with b:
+        for k in range(6):  # 24 rows left: six batches of four, whichever learners pull them
+            got += b.pull(k % learners, timeout=5)["tid"].tolist()
+        assert b.stats().buffer_rows == 0
+    assert sorted(got) == list(range(32))
+
+
 def test_restore_into_another_placement_keeps_every_row(tmp_path):
     with make("prioritized") as a:
         drive(a, range(10), [])

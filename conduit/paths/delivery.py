@@ -470,10 +470,17 @@ class DeliveryPath(DataPath):
         return {"pulls": list(self.pulls), "staged": staged}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Pull counts and staged batches, handed out first. Into fewer learners, the batches staged for the
+        learners gone go to those left, in turn, after their own (every staged row is delivered: a queue's rows
+        were taken when drawn); into more, the new learners start at pull 0."""
+        n = self.num_learners
         with self._lock:
-            self.pulls = [int(p) for p in state["pulls"]] or self.pulls
-            for learner, items in enumerate(state["staged"][: self.num_learners]):
+            self.pulls = ([int(p) for p in state["pulls"]] + [0] * n)[:n]
+            moved = 0
+            for saved, items in enumerate(state["staged"]):
                 for item in items:
+                    learner = saved if saved < n else moved % n
+                    moved += saved >= n
                     data = {k: v.to(self.devices[learner]) for k, v in item["data"].items()}
                     self.staged[learner].append(Staged(data, BatchInfo.from_state_dict(item["info"]), None))
 

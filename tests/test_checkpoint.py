@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conduit import Conduit, Mode, Schedule, SemanticsError
+from conduit import Conduit, Mode, RateLimited, Schedule, SemanticsError
 from conduit.checkpoint import CheckpointError, load, pack, read_manifest, unpacked
 from conduit.storage import ShardedStorage
 from tests.helpers import transitions
@@ -91,6 +91,22 @@ def test_a_queues_staged_batches_reach_a_restore_into_another_number_of_learners
             got += b.pull(k % learners, timeout=5)["tid"].tolist()
         assert b.stats().buffer_rows == 0
     assert sorted(got) == list(range(32))
+
+
+def test_a_rate_limit_added_at_restore_counts_the_rows_stored_without_one(tmp_path):
+    """A runtime without a ratio counts samples but no inserts; restored into one with a ratio, its stored rows
+    count as inserted (the limiter said 0 inserted, 24 sampled, and refused the learner)."""
+    with make() as a:
+        drive(a, range(6), [])  # 48 rows stored
+        sampled = a.buffer.limiter.samples
+        a.save(tmp_path / "ckpt")
+    b = make(rate_limit=dict(samples_per_insert=1.0, tolerance=8, block=False))
+    b.restore(tmp_path / "ckpt")
+    with b:
+        assert (b.buffer.limiter.inserts, b.buffer.limiter.samples) == (48, sampled)
+        b.pull()  # the actors are ahead of the ratio: the learner may sample, and a push waits its turn
+        with pytest.raises(RateLimited):
+            b.push(transitions(8, start=48))
 
 
 def test_restore_into_another_placement_keeps_every_row(tmp_path):

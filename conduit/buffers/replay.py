@@ -433,6 +433,9 @@ class ReplayBuffer(PriorityOps, ExperienceBuffer):
             self.sampler.load_state_dict(state["sampler"])
             self.limiter.load_state_dict(state["limiter"])
             self.inserted = int(state["inserted"])
+            # a runtime without a ratio counts no inserts (its pushes skip admission), only samples: restored into
+            # one with a ratio, its stored rows count as inserted, as load_rows counts them
+            self.limiter.inserts = max(self.limiter.inserts, self.inserted)
             self.evicted_by_sampling = int(state["evicted_by_sampling"])
             self.rng.bit_generator.state = state["rng"]
             self.lineage = int(state.get("lineage", self.lineage))  # the checkpoint's batches are this buffer's

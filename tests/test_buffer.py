@@ -346,6 +346,11 @@ def test_set_beta_and_use_rng_steer_the_next_draws():
         assert a.pull().info.ids.tolist() == b.pull().info.ids.tolist()
     with runtime("uniform") as u, pytest.raises(SemanticsError, match="set_beta needs sampler='prioritized'"):
         u.set_beta(0.5)
+    with runtime("uniform") as u, runtime("uniform") as v, runtime("uniform") as w:  # uniform draws with it too
+        for edp, seed in ((u, 7), (v, 7), (w, 8)):
+            edp.use_rng(np.random.default_rng(seed))
+        first = u.pull().info.ids.tolist()
+        assert first == v.pull().info.ids.tolist() != w.pull().info.ids.tolist()
 
 
 def test_a_refused_load_rows_changes_nothing_and_loaded_rows_count_as_inserts():

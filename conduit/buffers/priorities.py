@@ -57,9 +57,11 @@ class PriorityOps:
 
     # -- what the learner side may set --------------------------------------------------
     def use_rng(self, rng: np.random.Generator) -> None:
-        """Draw with ``rng`` from now on (frameworks that seed their buffers' generator themselves)."""
+        """Draw with ``rng`` from now on (frameworks that seed their buffers' generator themselves): every
+        sampler, the uniform one included (which otherwise draws with its own torch generator)."""
         with self.lock:
             self.rng = rng
+            self.sampler.draws_with_rng = True
 
     def set_beta(self, beta: float) -> None:
         """Prioritized replay: the importance-sampling exponent of the next draws (annealed by the framework)."""

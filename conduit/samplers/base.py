@@ -54,6 +54,9 @@ class Sampler(ABC):
         self.capacity = capacity
         #: torch's generator for samplers that draw index tensors directly (faster to gather with)
         self.generator = torch.Generator()
+        #: draw with the buffer's numpy generator instead: a framework handed its own (``use_rng``), whose
+        #: state it sets and saves (RLlib's ``buffer.rng``)
+        self.draws_with_rng = False
 
     def seed(self, seed: int) -> None:
         self.generator.manual_seed(seed)
@@ -84,11 +87,12 @@ class Sampler(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no priorities to update")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state().clone()}
+        return {"generator": self.generator.get_state().clone(), "draws_with_rng": self.draws_with_rng}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "generator" in state:
             self.generator.set_state(torch.as_tensor(np.asarray(state["generator"], dtype=np.uint8)).clone())
+        self.draws_with_rng = bool(state.get("draws_with_rng", False))
 
 
 def _require(table: SlotTable) -> None:

@@ -18,17 +18,22 @@ class UniformSampler(Sampler):
 
     def sample(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
         """Draws with torch's generator: the gather takes the index tensor as it is, and a gather right after
-        a numpy draw of the same distribution runs slower (BENCHMARKS.md, "Delivery and ingestion")."""
+        a numpy draw of the same distribution runs slower (BENCHMARKS.md, "Delivery and ingestion"). With
+        :attr:`draws_with_rng`, with ``rng``: the generator a framework owns."""
         count = table.count
         if count == table.high and not table.held_count:  # contiguous: the live slots are [0, count)
             if count <= 0:
                 _require(table)
             # the tensor alone: its array is made only if someone reads it (conduit.batch.DrawnRows)
-            return Draw(None, None, torch.randint(0, count, (n,), generator=self.generator))
+            return Draw(None, None, self._randint(count, n, rng))
         _require(table)
         valid = table.candidates()
-        pick = torch.randint(0, valid.size, (n,), generator=self.generator).numpy()
-        return Draw(valid[pick])
+        return Draw(valid[self._randint(valid.size, n, rng).numpy()])
+
+    def _randint(self, high: int, n: int, rng: np.random.Generator) -> torch.Tensor:
+        if self.draws_with_rng:
+            return torch.from_numpy(rng.integers(0, high, size=n, dtype=np.int64))
+        return torch.randint(0, high, (n,), generator=self.generator)
 
     def sample_distinct(self, n: int, table: SlotTable, rng: np.random.Generator) -> Draw:
         """Every ``n``-subset of the candidates equally likely (numpy's choice without replacement)."""

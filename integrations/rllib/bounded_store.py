@@ -28,6 +28,7 @@ the first is ``pull(rows=...)``.
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -94,6 +95,8 @@ class BoundedStore:
         self._rng = np.random.default_rng(options.seed)
         self.rows_total = 0
         self.episode_last_row: OrderedDict[str, int] = OrderedDict()
+        #: the state when the runtime closed (RLlib's algorithm may save its buffer after ``stop()``)
+        self._final: dict[str, Any] | None = None
 
     # -- the rng RLlib users set for reproducibility -------------------------------
     @property
@@ -113,6 +116,8 @@ class BoundedStore:
 
     # -- add ------------------------------------------------------------------------
     def add(self, chunks: list[Chunk]) -> int:
+        if self.edp is not None and self.edp.closed:  # refused before anything is counted
+            raise conduit.RuntimeClosed("add: this replay buffer was closed (its algorithm stopped)")
         rows = self.folder.fold(chunks)
         if rows is None:
             return 0
@@ -161,6 +166,7 @@ class BoundedStore:
 
         edp.start()
         self.edp = edp
+        weakref.finalize(self, edp.close)  # a buffer dropped unclosed stops its runtime's workers with it
         self._beta = self.beta  # the new runtime's sampler starts at the configured exponent
         edp.use_rng(self._rng)
         restore, self.restore = self.restore, None
@@ -199,6 +205,8 @@ class BoundedStore:
 
     # -- persistence ------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
+        if self._final is not None:
+            return self._final
         out: dict[str, Any] = {"folder": self.folder.state(), "rows_total": self.rows_total,
                                "episode_last_row": list(self.episode_last_row.items())}
         if self.edp is None or self.edp.buffer is None:
@@ -213,8 +221,8 @@ class BoundedStore:
         return out
 
     def load(self, state: dict[str, Any]) -> None:
-        self.close()
-        self.edp = None
+        self.close(keep=False)
+        self.edp, self._final = None, None
         self.folder.load(state["folder"])
         self.rows_total = int(state["rows_total"])
         self.episode_last_row = OrderedDict(state["episode_last_row"])
@@ -228,6 +236,14 @@ class BoundedStore:
         """Stored rows, oldest first (tests, inspection)."""
         return dict(self.state()["rows"])
 
-    def close(self) -> None:
-        if self.edp is not None:
-            self.edp.close()
+    def close(self, keep: bool = True) -> None:
+        """Stop the runtime (idempotent); with ``keep``, its state first, for a save after the algorithm stopped
+        (the runtime releases its rows)."""
+        if self.edp is None or self.edp.closed:
+            return
+        if keep:
+            try:
+                self._final = self.state()
+            except conduit.RuntimeFailed:  # a failed runtime has no state to keep; its error was raised already
+                pass
+        self.edp.close()

@@ -59,25 +59,53 @@ STATE_VERSION = 2
 _LOADS = {Staleness.BOUNDED.value: (1, 2), Staleness.EXACT.value: (2,)}
 
 
+class _RLlibAttribute:
+    """A public attribute RLlib's buffer keeps up to date: in exact mode the running RLlib buffer's own (the
+    wrapper's copy, set by RLlib's constructor, would never change); in bounded mode the wrapper's."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        store = obj.__dict__.get("_store")
+        return getattr(store.buffer, self.name) if isinstance(store, ExactReplay) else obj.__dict__[self.name]
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        store = obj.__dict__.get("_store")
+        if isinstance(store, ExactReplay):
+            setattr(store.buffer, self.name, value)
+        else:
+            obj.__dict__[self.name] = value
+
+
 class _ConduitReplay:
     """The shared implementation, mixed in front of RLlib's buffer class."""
 
     _prioritized: ClassVar[bool] = False
     #: the RLlib buffer class the exact mode runs (the one the config names)
     _rllib_class: ClassVar[type[EpisodeReplayBuffer]] = EpisodeReplayBuffer
+    #: RLlib's constructor default for this class (EpisodeReplayBuffer: 64; the prioritized one: 1)
+    _default_length_T: ClassVar[int] = 64
+
+    episodes = _RLlibAttribute()
+    episode_id_to_index = _RLlibAttribute()
+    sampled_timesteps = _RLlibAttribute()
 
     def __init__(
         self,
         capacity: int = 10000,
         *,
         batch_size_B: int = 16,
-        batch_length_T: int = 1,
+        batch_length_T: int | None = None,
         alpha: float = 1.0,
         beta: float = 0.4,
         metrics_num_episodes_for_smoothing: int = 100,
         conduit: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        batch_length_T = self._default_length_T if batch_length_T is None else batch_length_T
         EpisodeReplayBuffer.__init__(
             self,  # type: ignore[arg-type]
             capacity=capacity, batch_size_B=batch_size_B, batch_length_T=batch_length_T,
@@ -178,7 +206,7 @@ class _ConduitReplay:
         include_infos: bool = False,
         include_extra_model_outputs: bool = False,
         to_numpy: bool = False,
-        sample_episodes: bool = True,
+        sample_episodes: bool | None = None,
         lookback: int = 0,
         min_batch_length_T: int = 0,
         **kwargs: Any,
@@ -190,6 +218,8 @@ class _ConduitReplay:
         """
         if num_items is not None and batch_size_B is not None:
             raise ValueError("Cannot call `sample()` with both `num_items` and `batch_size_B` provided!")
+        if sample_episodes is None:  # RLlib's default for this class: [B, T] sequences (uniform), episodes (PER)
+            sample_episodes = self._prioritized
         if isinstance(self._store, ExactReplay):
             return self._sample_exact(
                 dict(num_items=num_items, batch_size_B=batch_size_B, batch_length_T=batch_length_T, n_step=n_step,
@@ -214,6 +244,7 @@ class _ConduitReplay:
             batch.observation_space, batch.action_space = self._spaces
             self.stats.samples += 1
             self.stats.sampled_timesteps += batch.size
+            self.sampled_timesteps += batch.size  # RLlib's attribute
 
         def build(b: PreparedBatch) -> list[SingleAgentEpisode]:
             self.stats.materialized_batches += 1
@@ -432,3 +463,4 @@ class ConduitPrioritizedEpisodeReplayBuffer(_ConduitReplay, PrioritizedEpisodeRe
 
     _prioritized = True
     _rllib_class = PrioritizedEpisodeReplayBuffer
+    _default_length_T = 1

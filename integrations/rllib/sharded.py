@@ -207,6 +207,8 @@ class ShardedReplay:
         self.folder = NStepFolder(int(config.n_step), float(config.gamma))
         self.added = 0
         self.pushed = 0
+        #: the totals logged so far (RLlib's per-iteration counts are what came since)
+        self.logged: dict[str, int] = {}
         self.pull_s = 0.0
         self.learners = len(self.group)
         self.ranks = self._call(_start, "start", settings=self.settings)
@@ -269,10 +271,18 @@ class ShardedReplay:
         }
 
     def log_metrics(self, metrics: Any) -> None:
-        """Log :meth:`metrics` under RLlib's ``replay_buffer`` key (at the iteration's end: it is collective)."""
+        """Log :meth:`metrics` under RLlib's ``replay_buffer`` key (at the iteration's end: it is collective),
+        reduced as RLlib's buffer reduces them: steps added and sampled as the iteration's sums and as
+        ``*_lifetime`` sums, the rows stored (and ingested) as they are now."""
         from ray.rllib.utils.metrics import REPLAY_BUFFER_RESULTS
 
-        for key, value in self.metrics().items():
+        totals = self.metrics()
+        for key in ("num_env_steps_added", "num_env_steps_sampled"):
+            since = totals.pop(key) - self.logged.get(key, 0)
+            self.logged[key] = self.logged.get(key, 0) + since
+            metrics.log_value((REPLAY_BUFFER_RESULTS, key), since, reduce="sum")
+            metrics.log_value((REPLAY_BUFFER_RESULTS, f"{key}_lifetime"), since, reduce="lifetime_sum")
+        for key, value in totals.items():
             metrics.log_value((REPLAY_BUFFER_RESULTS, key), value, reduce="item")
 
     def save(self, path: str | Path) -> None:
@@ -285,11 +295,12 @@ class ShardedReplay:
             self._call(_restore, "restore", path=str(source))
 
     def state(self) -> dict[str, Any]:
-        return {"folder": self.folder.state(), "added": self.added, "pushed": self.pushed}
+        return {"folder": self.folder.state(), "added": self.added, "pushed": self.pushed, "logged": self.logged}
 
     def load(self, state: dict[str, Any]) -> None:
         self.folder.load(state["folder"])
         self.added, self.pushed = int(state["added"]), int(state["pushed"])
+        self.logged = dict(state.get("logged", {}))
 
     def close(self) -> None:
         try:

@@ -10,7 +10,10 @@ round trips.
 
 from __future__ import annotations
 
+import gc
 import pickle
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -24,7 +27,7 @@ from conduit.integrations.rllib import (
 )
 from ray.rllib.utils.replay_buffers import EpisodeReplayBuffer, PrioritizedEpisodeReplayBuffer
 
-from conduit.errors import ConfigError, SemanticsError
+from conduit.errors import ConfigError, RuntimeClosed, SemanticsError
 
 pytestmark = pytest.mark.rllib
 
@@ -204,3 +207,110 @@ def test_a_bounded_state_restores_into_another_capacity_and_batch_size(cartpole_
         for buf in (a, b):
             buf.close()
 
+
+
+def test_the_uniform_buffer_keeps_rllibs_defaults(cartpole_chunks):
+    """``EpisodeReplayBuffer``'s defaults are RLlib's: ``batch_length_T=64`` and ``sample()`` returning the
+    ``[B, T]`` sequence batch. Exact mode returns RLlib's own; bounded mode (one-step rows) refuses it by name."""
+    chunks = cartpole_chunks(200)
+    stock = EpisodeReplayBuffer(capacity=1000, batch_size_B=4, batch_length_T=8)
+    ours = ConduitEpisodeReplayBuffer(capacity=1000, batch_size_B=4, batch_length_T=8, conduit={"staleness": "exact"})
+    stock.rng, ours.rng = np.random.default_rng(1), np.random.default_rng(1)
+    stock.add(chunks)
+    ours.add(chunks)
+    for kwargs in ({}, {"batch_size_B": 2, "batch_length_T": 3}):
+        want, got = stock.sample(**kwargs), ours.sample(**kwargs)
+        assert isinstance(got, dict) and set(got) == set(want)
+        for key in ("obs", "actions", "rewards", "is_first"):
+            np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]))
+    assert ConduitEpisodeReplayBuffer().batch_length_T == EpisodeReplayBuffer().batch_length_T == 64
+    assert ConduitPrioritizedEpisodeReplayBuffer().batch_length_T == PrioritizedEpisodeReplayBuffer().batch_length_T
+    bounded = ConduitEpisodeReplayBuffer(capacity=1000, conduit={"n_step": 1})
+    try:
+        bounded.add(chunks)
+        with pytest.raises(NotImplementedError, match="sample_episodes=False"):
+            bounded.sample()
+    finally:
+        bounded.close()
+
+
+@pytest.mark.parametrize("prioritized", [True, False])
+def test_exact_mode_shows_rllibs_public_attributes_as_rllib_keeps_them(cartpole_chunks, prioritized):
+    stock = PrioritizedEpisodeReplayBuffer(capacity=500) if prioritized else EpisodeReplayBuffer(500)
+    cls = ConduitPrioritizedEpisodeReplayBuffer if prioritized else ConduitEpisodeReplayBuffer
+    ours = cls(capacity=500, conduit={"staleness": "exact"})
+    stock.rng, ours.rng = np.random.default_rng(2), np.random.default_rng(2)
+    chunks = cartpole_chunks(100)
+    for buf in (stock, ours):
+        buf.add(chunks)
+        buf.sample(num_items=8, n_step=1, **SAMPLE)
+    assert len(ours.episodes) == len(stock.episodes) > 0
+    assert list(ours.episode_id_to_index) == list(stock.episode_id_to_index)
+    assert ours.sampled_timesteps == stock.sampled_timesteps == 8
+
+
+def test_a_stopped_bounded_buffer_still_saves_and_refuses_adds_without_counting_them(cartpole_chunks):
+    """RLlib saves an algorithm after ``stop()``: the closed buffer keeps its state (the runtime released its
+    rows), and an ``add`` after close raises before it changes a count."""
+    buf = ConduitPrioritizedEpisodeReplayBuffer(capacity=200, alpha=0.6, conduit={"n_step": 1, "prefetch": True})
+    buf.add(cartpole_chunks(80))
+    buf.sample(num_items=16, n_step=1, **SAMPLE)
+    want = buf.contents()
+    buf.close()
+    sizes = (len(buf), buf.get_added_timesteps(), buf.get_num_episodes())
+    with pytest.raises(RuntimeClosed):
+        buf.add(cartpole_chunks(30))
+    assert (len(buf), buf.get_added_timesteps(), buf.get_num_episodes()) == sizes
+    again = pickle.loads(pickle.dumps(buf))
+    try:
+        for other in (again.contents(), buf.contents()):
+            for key in want:
+                np.testing.assert_array_equal(other[key], want[key])
+        assert len(again.sample(num_items=16, n_step=1, **SAMPLE)) == 16
+    finally:
+        again.close()
+
+
+def test_a_dropped_bounded_buffer_stops_its_delivery_worker(cartpole_chunks):
+    """RLlib never closes a buffer it drops (a rebuilt algorithm, a test): the runtime's workers stop with it."""
+    def workers() -> int:
+        return sum(t.name.startswith("conduit") for t in threading.enumerate())
+
+    before = workers()
+    for _ in range(3):
+        buf = ConduitPrioritizedEpisodeReplayBuffer(capacity=200, conduit={"n_step": 1, "prefetch": True})
+        buf.add(cartpole_chunks(40))
+        buf.sample(num_items=8, n_step=1, **SAMPLE)
+        assert workers() > before
+        del buf
+    deadline = time.monotonic() + 10
+    while workers() > before and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
+    assert workers() == before, [t.name for t in threading.enumerate()]
+
+
+@pytest.mark.parametrize("prioritized", [True, False])
+def test_the_bounded_buffers_draw_with_the_rng_rllib_sets_and_saves(cartpole_chunks, prioritized):
+    """As RLlib's buffers: ``buffer.rng`` decides the draws, and a copy made from the state draws what the original
+    draws next (the uniform sampler's own generator ignored both)."""
+    cls = ConduitPrioritizedEpisodeReplayBuffer if prioritized else ConduitEpisodeReplayBuffer
+    chunks = cartpole_chunks(150)
+
+    def draws(seed: int, copy: bool = False) -> list[tuple]:
+        buf = cls(capacity=500, conduit={"n_step": 1, "prefetch": False})
+        buf.rng = np.random.default_rng(seed)
+        buf.add(chunks)
+        buf.sample(num_items=8, n_step=1, **SAMPLE)
+        if copy:
+            other = pickle.loads(pickle.dumps(buf))
+            got = [transitions(b.sample(num_items=8, n_step=1, **SAMPLE)) for b in (buf, other)]
+            other.close()
+        else:
+            got = [transitions(buf.sample(num_items=8, n_step=1, **SAMPLE))]
+        buf.close()
+        return got
+
+    assert draws(1) == draws(1) != draws(2)
+    mine, copied = draws(3, copy=True)
+    assert mine == copied

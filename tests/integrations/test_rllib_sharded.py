@@ -114,10 +114,16 @@ def test_two_learners_shard_the_buffer_and_ingest_every_env_step_once(trained):
     # n_step=1: one row per env step, each pushed once, on one shard, all ingested
     assert sum(shard.pushed_rows) == sum(shard.ingested_rows) == sum(shard.shard_rows) == sampled
     assert shard.shard_rows == (150, 150)  # dealt round-robin
+    # RLlib's buffer keys, reduced as RLlib's buffer reduces them: per iteration (what the env runners sampled
+    # in it: n_step=1) and lifetime sums; the rows stored now
+    for result in results:
+        rb = result["replay_buffer"]
+        assert rb["num_env_steps_added"] == result["env_runners"]["num_env_steps_sampled"] == 100
     rb = results[-1]["replay_buffer"]
-    assert rb["num_env_steps_added"] == rb["num_env_steps_stored"] == sampled
+    assert rb["num_env_steps_added_lifetime"] == rb["num_env_steps_stored"] == sampled
     # each learner pulled train_batch_size_per_learner rows per update
-    assert rb["num_env_steps_sampled"] == sum(s.sampled for s in got.shards) > 0
+    assert rb["num_env_steps_sampled_lifetime"] == sum(s.sampled for s in got.shards) > 0
+    assert sum(r["replay_buffer"].get("num_env_steps_sampled", 0) for r in results) == sum(s.sampled for s in got.shards)
     assert all(s.sampled % 16 == 0 and s.sampled > 0 for s in got.shards)
     assert "default_policy" in results[-1]["learners"]
 

@@ -108,7 +108,9 @@ def buffer(cfg: ConduitConfig, storage: StoragePolicy, spec: ExperienceSpec | No
     assert cfg.capacity is not None
     rl = cfg.rate_limit
     limiter = RateLimiter(min_size=cfg.sample_min) if rl is None else RateLimiter(
-        min_size=cfg.sample_min, samples_per_insert=rl.samples_per_insert, tolerance=rl.tolerance
+        min_size=cfg.sample_min, samples_per_insert=rl.samples_per_insert,
+        tolerance=rl.tolerance if rl.tolerance is not None else float("inf"), min_diff=rl.min_diff,
+        max_diff=rl.max_diff,
     )
     return ReplayBuffer(
         cfg.capacity, storage, sampler(cfg), spec=spec, seed=cfg.seed, growable=growable,

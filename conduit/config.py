@@ -18,8 +18,9 @@ from fractions import Fraction
 from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from conduit.config_models import PrioritizedReplay, RateLimit, _Config, explain
 from conduit.core import (
     Mode,
     Policy,
@@ -31,7 +32,7 @@ from conduit.core import (
     ingestion_space,
     is_feasible_mode,
 )
-from conduit.errors import ConfigError, UnevenMinibatches, suggest
+from conduit.errors import UnevenMinibatches
 
 __all__ = [
     "ConduitConfig",
@@ -44,82 +45,6 @@ __all__ = [
     "Tuning",
     "explain",
 ]
-
-
-def explain(exc: ValidationError, model: type[BaseModel], where: str | None = None) -> str:
-    """pydantic's errors as a person reads them: one line per bad field, with what it got and what is allowed."""
-    lines = []
-    for e in exc.errors():
-        loc = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        got = e.get("input")
-        if e["type"] == "extra_forbidden":
-            owner = _model_at(model, e["loc"][:-1])
-            valid = owner.model_fields if owner is not None else ()
-            lines.append(f"{loc}: not a setting (got {got!r}); {suggest(str(e['loc'][-1]), valid)}")
-        elif e["type"] == "missing":
-            lines.append(f"{loc}: required, not given")
-        elif not loc:  # a rule across fields: its message names them
-            lines.append(msg)
-        elif isinstance(e.get("ctx", {}).get("error"), ConfigError):  # a nested model's own explanation
-            lines.append(f"{loc}: {msg}")
-        else:
-            lines.append(f"{loc}: {msg} (got {got!r})")
-    head = where or f"invalid {model.__name__}"
-    if len(lines) == 1:
-        return f"{head}: {lines[0]}"
-    return f"{head} ({len(lines)} problems):\n  - " + "\n  - ".join(lines)
-
-
-def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The (nested) model a location points into."""
-    for part in loc:
-        field = model.model_fields.get(str(part))
-        ann = getattr(field, "annotation", None)
-        candidates = [ann, *getattr(ann, "__args__", ())]
-        nested = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if nested is None:
-            return None
-        model = nested
-    return model
-
-
-class _Config(BaseModel):
-    """A config model whose construction errors are :class:`ConfigError` (see :func:`explain`)."""
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise ConfigError(explain(exc, type(self))) from None
-
-
-class RateLimit(_Config):
-    """Keep learners' samples and actors' inserts in ratio (Reverb's ``SampleToInsertRatio``).
-
-    ``samples_per_insert`` sampled rows per inserted row, within ``± tolerance``
-    rows; ``block=False`` makes a push or pull that would break the ratio raise
-    :class:`~conduit.errors.RateLimited` at once instead of waiting.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    samples_per_insert: Annotated[float, Field(gt=0.0)]
-    tolerance: Annotated[float, Field(ge=0.0, allow_inf_nan=True)]  # inf: no band (only min_size limits)
-    block: bool = True
-
-
-class PrioritizedReplay(_Config):
-    """Prioritized experience replay (Schaul et al.): ``P(i) ∝ p_i^alpha``, IS weights with ``beta``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    alpha: Annotated[float, Field(ge=0.0, description="priority exponent")] = 0.6
-    beta: Annotated[float, Field(ge=0.0, le=1.0, description="importance-sampling exponent")] = 0.4
-    eps: Annotated[float, Field(gt=0.0, description="added to |td error| so no priority is 0")] = 1e-6
-    max_priority: Annotated[
-        float, Field(gt=0.0, description="the running maximum priority new rows start at (raised by feedback)")
-    ] = 1.0
 
 
 class SchedulePin(_Config):
@@ -330,9 +255,15 @@ class ConduitConfig(_Config):
                 raise ValueError("remover='prioritized' evicts by priority and needs sampler='prioritized'")
             if self.count_replays == "feedback" and self.sampler is not SamplerKind.PRIORITIZED:
                 raise ValueError("count_replays='feedback' counts at update_priorities and needs sampler='prioritized'")
-            if self.rate_limit is not None and self.rate_limit.tolerance < self.train_batch_size:
+            rate = self.rate_limit
+            if rate is not None and rate.tolerance is not None and rate.tolerance < self.train_batch_size:
                 raise ValueError(
-                    f"rate_limit.tolerance={self.rate_limit.tolerance} is smaller than one batch "
+                    f"rate_limit.tolerance={rate.tolerance} is smaller than one batch "
+                    f"(train_batch_size={self.train_batch_size}): no batch could ever be sampled"
+                )
+            if rate is not None and rate.tolerance is None and rate.width < self.train_batch_size:
+                raise ValueError(
+                    f"rate_limit: max_diff - min_diff = {rate.width:g} is smaller than one batch "
                     f"(train_batch_size={self.train_batch_size}): no batch could ever be sampled"
                 )
         else:

@@ -48,6 +48,12 @@ def on(**kw):
         (off, dict(rate_limit=dict(samples_per_insert=float("inf"), tolerance=64)), "samples_per_insert: Input should"),
         (off, dict(prioritized=dict(alpha=float("nan"))), "alpha: Input should be a finite number"),
         (off, dict(rate_limit=dict(samples_per_insert=1.0, tolerance=float("nan"))), "tolerance: Input should be"),
+        # a rate band is ± tolerance or Reverb's [min_diff, max_diff], one of them, and wider than a batch
+        (off, dict(rate_limit=dict(samples_per_insert=1.0)), "give the band as tolerance, or as min_diff"),
+        (off, dict(rate_limit=dict(samples_per_insert=1.0, tolerance=64, min_diff=0, max_diff=64)), "not both"),
+        (off, dict(rate_limit=dict(samples_per_insert=1.0, min_diff=0)), "give the band as tolerance"),
+        (off, dict(rate_limit=dict(samples_per_insert=1.0, min_diff=8, max_diff=8)), "min_diff=8.0 must be below"),
+        (off, dict(rate_limit=dict(samples_per_insert=1.0, min_diff=0, max_diff=16)), "max_diff - min_diff = 16"),
     ],
 )
 def test_bad_configs_are_rejected_with_the_field_and_value(make, kw, fragment):
@@ -71,6 +77,14 @@ def test_a_config_error_lists_every_bad_field_as_written_with_what_it_got_and_wh
 
 def test_an_infinite_rate_tolerance_is_no_band():
     assert off(rate_limit=dict(samples_per_insert=1.0, tolerance=float("inf"))).rate_limit.tolerance == float("inf")
+
+
+def test_reverbs_queue_limiter_is_a_band_from_zero_to_its_size():
+    from conduit import RateLimit
+
+    q = RateLimit.queue(128, block=False)
+    assert (q.samples_per_insert, q.min_diff, q.max_diff, q.tolerance, q.block) == (1.0, 0.0, 128.0, None, False)
+    assert off(rate_limit=q).rate_limit == q
 
 
 def test_configs_are_frozen():

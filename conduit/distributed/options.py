@@ -58,6 +58,9 @@ def validate(cfg: ConduitConfig, routing: Routing) -> None:
                 raise ConfigError(f"{name}: not supported across ranks yet (a single-process runtime has it)")
     elif routing is not Routing.LOCAL:
         raise ConfigError(f"routing={routing.value!r}: on-policy units stay on the rank that pushed them")
+    if cfg.rate_limit is not None and cfg.rate_limit.tolerance is None:
+        raise ConfigError("rate_limit: a band given as min_diff/max_diff (RateLimit.queue) is one process's; the "
+                          "group shares its room as ± tolerance: give tolerance")
     if cfg.growable:  # each shard would grow its own layout, and the ranks would no longer agree on one
         raise ConfigError(f"growable={list(cfg.growable)}: not supported across ranks yet (every shard lays rows out "
                           "alike); declare each field at its largest shape (a single-process runtime grows them)")
@@ -75,6 +78,7 @@ def validate_rate(cfg: ConduitConfig, sampling: Sampling, world: int) -> None:
                           "raise RateLimited in the learner's pull, not on the collective thread drawing ahead")
     g = cfg.pinned.delivery_granularity
     g = max(1, math.ceil(as_granularity(g))) if g is not None else 1  # unpinned: the planner tries only g that fit
+    assert cfg.rate_limit.tolerance is not None  # (validate refused a band given by its edges)
     if cfg.rate_limit.tolerance < world * g * cfg.train_batch_size:
         raise ConfigError(
             f"rate_limit.tolerance={cfg.rate_limit.tolerance} is smaller than one exchange of the group ({world} "

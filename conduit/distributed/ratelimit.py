@@ -79,6 +79,7 @@ class GroupRateLimit:
 
     def __init__(self, rate: RateLimit, min_size: int, rank: int, world: int,
                  check: Callable[[], None] = lambda: None, patience_s: float = 60.0) -> None:
+        assert rate.tolerance is not None  # (a min_diff/max_diff band is refused across ranks: options.validate)
         self.limiter = RateLimiter(min_size, rate.samples_per_insert, rate.tolerance)  # the group's counts
         self.patience_s = patience_s
         self.block = rate.block

@@ -407,7 +407,7 @@ def planned(edp: DistributedConduit, auto: bool) -> tuple[DeliveryMode, LivePlan
     if rate is not None:
         # the ratio admits at most a band's width of samples at once; a refused draw raises on the learner's
         # thread (block=False), never on the worker, where it would be a failure of the rank
-        fits = [m for m in modes if edp.world * m.g * cfg.train_batch_size <= rate.tolerance
+        fits = [m for m in modes if edp.world * m.g * cfg.train_batch_size <= (rate.tolerance or 0.0)
                 and (rate.block or not m.overlap)]
         modes = tuple(fits)  # never empty: validate_rate refused a pinned mode that does not fit
         lone = lone or not rate.block

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from conduit import Conduit, Mode, Schedule
+from conduit import Conduit, Mode, RateLimit, RateLimited, Schedule
 from tests.helpers import transitions
 from tests.reliability.conftest import pull_until, until
 
@@ -70,6 +70,26 @@ def test_every_row_is_delivered_exactly_once(learners, overlap, g, crew):
         assert twice == [], f"{len(twice)} rows delivered more than once, e.g. {twice[:5]}"
         assert sorted(tids) == list(range(rows))
         assert edp.buffer.size == 0 and edp.buffer.evicted_by_sampling == rows
+
+
+@pytest.mark.parametrize("learners, overlap, g", [(1, False, 1), (2, True, 2), (4, True, 1)],
+                         ids=["L1-inl-g1", "L2-ovl-g2", "L4-ovl-g1"])
+def test_reverbs_queue_limiter_makes_a_full_queue_wait_and_loses_no_row(learners, overlap, g, crew):
+    """``RateLimit.queue(capacity)`` (Reverb's ``Queue``): actors pushing ten times the capacity wait while the
+    queue is full, where the remover would evict rows nobody drew; every row is delivered once, in order on
+    one learner, and nothing is evicted unsampled."""
+    capacity, rows = 2 * B * 4, 10 * 2 * B * 4
+    with _queue(learners, overlap, g, capacity=capacity, rate_limit=RateLimit.queue(capacity)) as edp:
+        tids = _run_queue(edp, rows, learners, crew, actors=1, chunk=B)
+        assert sorted(tids) == list(range(rows)) and len(tids) == rows
+        if learners == 1:
+            assert tids == sorted(tids)
+        assert edp.buffer.evicted_by_sampling == rows and edp.stats().push_blocked_s > 0
+    with _queue(1, False, 1, capacity=capacity, rate_limit=RateLimit.queue(capacity, block=False)) as edp:
+        edp.push(transitions(capacity))
+        with pytest.raises(RateLimited, match="max_diff"):  # full: refused at once, nothing overwritten
+            edp.push(transitions(B, start=capacity))
+        assert edp.pull()["tid"].tolist() == list(range(B))
 
 
 SAMPLERS = ("fifo", "lifo", "uniform", "prioritized")

@@ -264,6 +264,14 @@ def test_restoring_into_a_mismatched_runtime_is_refused(tmp_path):
         make("prioritized").restore(tmp_path / "ckpt")
     with pytest.raises(CheckpointError, match="checkpoint is off_policy"):
         Conduit(policy="on_policy", train_batch_size=8).restore(tmp_path / "ckpt")
+    with make("prioritized") as a:  # the priorities are saved as p ** alpha: another alpha would misread them
+        drive(a, range(5), [])
+        a.save(tmp_path / "per")
+    with pytest.raises(CheckpointError, match=r"restore with alpha=0\.6"):
+        make("prioritized", prioritized=dict(alpha=0.9)).restore(tmp_path / "per")
+    with make("prioritized") as b:
+        b.restore(tmp_path / "per")
+        assert b.pull()["tid"].numel() == 4
 
 
 def test_on_policy_checkpoints_between_iterations_only(tmp_path):

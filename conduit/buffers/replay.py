@@ -415,6 +415,10 @@ class ReplayBuffer(PriorityOps, ExperienceBuffer):
         kind = state["sampler"]["kind"]
         if kind != self.sampler.name:
             raise CheckpointError(f"sampler: checkpoint used {kind!r}, runtime uses {self.sampler.name!r}")
+        alpha = state["sampler"].get("alpha")  # the saved priorities are p ** alpha: another alpha misreads them
+        if alpha is not None and float(alpha) != getattr(self.sampler, "alpha", alpha):
+            raise CheckpointError(f"prioritized.alpha: the checkpoint's priorities are p ** {alpha}, this runtime "
+                                  f"uses alpha={self.sampler.alpha}; restore with alpha={alpha}")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.check_state(state)

@@ -304,10 +304,17 @@ class ReplayDelivery(DeliveryPath):
     def _describe_wait(self, learner: int) -> str:
         if self.graph.running and (self.staged[learner] or self._ready(learner) or self._busy[learner]):
             return f"a batch for learner {learner}: {self.doing('')}"  # an invocation, not the data, is the wait
+        rows, table = self.g_units * self.batch_size, self.buffer.table
+        if table.count < self.min_rows:
+            why = f"sampling starts at {self.min_rows} (min_size_to_sample)"
+        elif self._budgeted and table.sampleable - self._promised < rows:  # max_times_sampled: distinct rows
+            why = (f"{max(0, table.sampleable - self._promised)} of them may still be drawn (the others' uses are "
+                   f"taken by batches drawn or promised) and a draw takes {rows} distinct rows")
+        else:
+            why = f"the sample/insert ratio holds the draw of {rows} rows back"
         return (
-            f"a batch for learner {learner}: the buffer holds {self.buffer.size} rows and sampling starts at "
-            f"{self.min_rows} (min_size_to_sample); push more rollouts, or flush() units still pending ingestion; "
-            f"rate limiter: {self.limiter.describe()}"
+            f"a batch for learner {learner}: the buffer holds {table.count} rows and {why}; push more rollouts, or "
+            f"flush() units still pending ingestion; rate limiter: {self.limiter.describe()}"
         )
 
     # -- state ---------------------------------------------------------------------------

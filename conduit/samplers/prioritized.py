@@ -117,7 +117,7 @@ class PrioritizedSampler(Sampler):
     def state_dict(self) -> dict[str, Any]:
         return {
             **super().state_dict(), "leaves": self.tree.state(), "max_priority": self.max_priority,
-            "beta": self.beta,
+            "beta": self.beta, "alpha": self.alpha,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -55,3 +55,23 @@ def test_a_pull_waiting_for_data_still_says_push_more():
         edp.push(transitions(8))
         with pytest.raises(ConduitTimeout, match="push more rollouts"):
             edp.pull(timeout=0.1)
+
+
+def test_a_pull_waiting_on_a_queue_or_the_ratio_says_which():
+    """Enough rows stored is not enough: a queue's rows whose uses are taken, or a ratio that holds the draw
+    back, are named (it said "holds 2 rows and sampling starts at 1" either way)."""
+    with Conduit(policy="off_policy", train_batch_size=4, capacity=64, sampler="fifo", max_times_sampled=1,
+                 min_size_to_sample=1) as edp:
+        edp.push(transitions(2))
+        with pytest.raises(ConduitTimeout, match=r"2 of them may still be drawn .* a draw takes 4 distinct rows"):
+            edp.pull(timeout=0.1)
+    with Conduit(policy="off_policy", train_batch_size=4, capacity=64, min_size_to_sample=4,
+                 rate_limit={"samples_per_insert": 0.5, "tolerance": 4}) as edp:
+        edp.push(transitions(8))
+        edp.pull()
+        with pytest.raises(ConduitTimeout, match="the sample/insert ratio holds the draw of 4 rows back"):
+            edp.pull(timeout=0.1)
+    with Conduit(policy="off_policy", train_batch_size=4, capacity=64, min_size_to_sample=32) as edp:
+        edp.push(transitions(8))
+        with pytest.raises(ConduitTimeout, match="holds 8 rows and sampling starts at 32"):
+            edp.pull(timeout=0.1)

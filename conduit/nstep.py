@@ -68,7 +68,7 @@ class NStepFolder:
         self.gamma = gamma
         self.max_open = max_open
         self.open: OrderedDict[str, _Open] = OrderedDict()
-        self.dropped_steps = 0  # steps at episode ends that no complete window covers
+        self.dropped_steps = 0  # steps no complete window covers (episode ends, gaps, open episodes dropped)
 
     def fold(self, chunks: list[Segment]) -> dict[str, np.ndarray] | None:
         """Rows for every window the segments complete (``None`` if none)."""
@@ -88,6 +88,8 @@ class NStepFolder:
             rewards = np.concatenate([prev.rewards, c.rewards])
             t0 = prev.t0
         else:
+            if prev is not None:  # the segment does not continue the open steps: no window will cover them
+                self.dropped_steps += len(prev.actions)
             obs, actions, rewards, t0 = c.obs, c.actions, c.rewards, c.t_started
         m = len(actions)
         count = max(0, m - n + 1)
@@ -97,7 +99,7 @@ class NStepFolder:
         else:
             self.open[c.id] = _Open(obs[count:], actions[count:], rewards[count:], t0 + count)
             while len(self.open) > self.max_open:
-                self.open.popitem(last=False)
+                self.dropped_steps += len(self.open.popitem(last=False)[1].actions)
         if count == 0:
             return None
         windows = np.lib.stride_tricks.sliding_window_view(rewards, n)[:count] if n > 1 else rewards[:count, None]

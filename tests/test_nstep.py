@@ -75,6 +75,10 @@ def test_open_episodes_are_bounded_and_state_round_trips():
         obs, actions, rewards = episode(4, i)
         folder.fold(split(f"e{i}", obs, actions, rewards, [], False))
     assert list(folder.open) == ["e1", "e2"]  # the oldest open episode is dropped
+    assert folder.dropped_steps == 2  # ... with its two open steps, counted
+    obs, actions, rewards = episode(4, 9)
+    folder.fold([Seg("e2", obs, actions, rewards, False, False, 10)])  # not e2's next step (t0 4): a gap
+    assert folder.dropped_steps == 4  # e2's open steps no window will cover
     again = NStepFolder(3, 0.5)
     again.load(folder.state())
     assert list(again.open) == ["e1", "e2"] and again.open["e2"].t0 == folder.open["e2"].t0

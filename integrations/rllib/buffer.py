@@ -70,7 +70,12 @@ class _RLlibAttribute:
         if obj is None:
             return self
         store = obj.__dict__.get("_store")
-        return getattr(store.buffer, self.name) if isinstance(store, ExactReplay) else obj.__dict__[self.name]
+        if isinstance(store, ExactReplay):
+            return getattr(store.buffer, self.name)
+        try:
+            return obj.__dict__[self.name]
+        except KeyError:  # (before RLlib's constructor set it)
+            raise AttributeError(self.name) from None
 
     def __set__(self, obj: Any, value: Any) -> None:
         store = obj.__dict__.get("_store")

@@ -234,7 +234,9 @@ class ReplayDelivery(DeliveryPath):
             raise RateLimited(f"a batch now would break the sample/insert ratio ({self.limiter.describe()})")
 
     def _counted(self, learner: int, info: BatchInfo, rows: int, reserved: bool) -> None:
-        limiter = self.limiter
+        buffer, limiter = self.buffer, self.limiter
+        if self._budgeted:  # else nothing is counted per row (and the arrays stay unmade); spent rows are evicted
+            buffer.delivered(info.indices, info.ids, reserved=True)  # before the limiter frees their room
         if reserved:
             limiter.commit(rows)
         else:  # handed over in the invocation that sampled it: no reservation between
@@ -242,9 +244,6 @@ class ReplayDelivery(DeliveryPath):
         if self.awaiting is not None:  # (without what a hook attached: its memory goes back when the learner drops it)
             with self._lock:  # a full list drops its oldest: never while awaited() walks it
                 self.awaiting.append(info if info.attachment is None else info._replace(attachment=None))
-        buffer = self.buffer
-        if self._budgeted:  # else nothing is counted per row (and the arrays stay unmade)
-            buffer.delivered(info.indices, info.ids, reserved=True)
         if limiter.samples_per_insert is not None:
             buffer.counted()  # actors may be waiting for learners to sample
 

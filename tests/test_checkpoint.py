@@ -57,6 +57,29 @@ def test_restore_and_continue_matches_an_uninterrupted_run_sample_for_sample(tmp
     assert first + resumed == uninterrupted
 
 
+def test_staged_batches_of_another_batch_size_go_back_at_restore(tmp_path):
+    """A restore that changes ``train_batch_size`` hands out batches of the new size only: the queue's rows
+    staged in batches of the old size are drawable again, none lost, none twice."""
+    queue = dict(sampler="fifo", max_times_sampled=1, capacity=64, pinned=Schedule(Mode(False, 1), Mode(True, 2)))
+    got: list[int] = []
+    with make(**queue) as a:
+        a.push(transitions(32))
+        got += a.pull()["tid"].tolist()
+        deadline = time.monotonic() + 10
+        while not a.state_dict()["delivery"]["staged"][0] and time.monotonic() < deadline:
+            time.sleep(0.01)  # the worker stages the next batches of four
+        a.save(tmp_path / "ckpt")
+    b = make(**{**queue, "train_batch_size": 7, "pinned": INLINE})
+    b.restore(tmp_path / "ckpt")
+    with b:
+        sizes = []
+        for _ in range(4):  # 28 rows left: four batches of seven
+            batch = b.pull(timeout=5)
+            sizes.append(len(batch["tid"]))
+            got += batch["tid"].tolist()
+    assert sizes == [7] * 4 and sorted(got) == list(range(32))
+
+
 def test_an_annealed_beta_is_part_of_the_checkpoint(tmp_path):
     """``set_beta`` (a framework's annealed importance-sampling exponent) goes on after a restore: the restored
     run draws the uninterrupted run's rows with its weights, not the configured beta's."""

@@ -321,8 +321,14 @@ class ReplayDelivery(DeliveryPath):
         return {**super().state_dict(), "invocation": self._invocation}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The base's staged batches, reserved again; those of another ``train_batch_size`` (a restore that changed
+        it) go back unread, their rows drawable again, so every batch handed out has this runtime's size."""
         super().load_state_dict(state)
         with self._lock:
             self._invocation = int(state["invocation"])
             # staged batches were counted as reserved when they were made
             self.limiter.reserve(sum(len(s.info.rows) for q in self.staged for s in q))
+            for learner, staged in enumerate(self.staged):
+                for item in [s for s in staged if len(s.info.rows) != self.batch_size]:
+                    staged.remove(item)
+                    self._unstage(learner, item)

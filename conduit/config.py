@@ -168,7 +168,9 @@ class ConduitConfig(_Config):
         pinned: knobs of the schedule pinned for experiments (:class:`SchedulePin`;
             ``SchedulePin.of(schedule)`` pins a whole :class:`~conduit.core.Schedule`).
         tuning: hot-path knobs (:class:`Tuning`); the defaults are right for nearly everyone.
-        seed: seeds Conduit's samplers (``None``: nondeterministic).
+        seed: seeds Conduit's samplers (``None``: nondeterministic). Seeded, an inline delivery draws the same
+            batches run after run and after a restore; an overlapped one draws when its worker runs, between
+            pushes as they happen to come, so its batches may differ from run to run.
         timeout_s: default timeout of every blocking call.
     """
 

@@ -21,6 +21,8 @@ workload whose samples nest (:mod:`conduit.ext` exports it).
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -247,6 +249,16 @@ def stack_time_major(
     numpy objects), and the numeric leaves written once into memory ``take`` hands out for
     ``{name: (shape, dtype)}`` (a staging allocator). :func:`build_record` nests the result again.
     """
+    fast = _uniform_columns(samples)
+    if fast is not None:
+        return _stack_uniform(*fast, take)
+    return _stack_general(samples, take)
+
+
+def _stack_general(
+    samples: Sequence[Any], take: Callable[[dict[str, tuple[tuple[int, ...], torch.dtype]]], dict[str, torch.Tensor]]
+) -> tuple[list[str], dict[str, Any], dict[str, torch.Tensor]]:
+    """:func:`stack_time_major` for any samples: flattened one by one, fields unified, leaves stacked."""
     raw = [dict(flatten_record(x)) for x in samples]
     names = unify_records(raw)
     key = tuple(names)
@@ -272,6 +284,81 @@ def stack_time_major(
         else:
             torch.stack([torch.as_tensor(v) for v in vals], dim=1, out=blocks[k])
     return names, leaves, blocks
+
+
+def _record_nodes(sample: Any, prefix: str = "") -> list[tuple[str, tuple[str, ...]]] | None:
+    """Every nested record of ``sample`` as ``(dotted path, its field names)``, when each is an attribute record
+    (a ``NamedArray``: ``_fields`` a tuple); else None."""
+    fields = getattr(sample, "_fields", None)
+    if type(fields) is not tuple:
+        return None
+    nodes = [(prefix, fields)]
+    for k in fields:
+        v = getattr(sample, k)
+        if v is None or type(v) is np.ndarray:
+            continue
+        record = _RECORD.get(type(v))
+        if record is None:
+            record = _RECORD[type(v)] = is_record(v)
+        if record:
+            sub = _record_nodes(v, f"{prefix}{k}.")
+            if sub is None:
+                return None
+            nodes += sub
+    return nodes
+
+
+def _uniform_columns(samples: Sequence[Any]) -> tuple[list[str], dict[str, list[Any]]] | None:
+    """The common case of :func:`stack_time_major`, read column by column at C speed: every sample an attribute
+    record of the first one's structure (the same fields at every level), every leaf either ``None`` in all
+    samples or a numeric array of one dtype and shape in all. Returns the leaf names and their columns, or
+    None for anything else (the general path then decides, with its errors)."""
+    nodes = _record_nodes(samples[0])
+    if nodes is None:
+        return None
+    try:
+        for path, fields in nodes:
+            got = map(operator.attrgetter(path + "_fields"), samples) if path else map(_FIELDS, samples)
+            if not all(map(operator.eq, itertools.repeat(fields), got)):
+                return None
+        names = [k for k, _ in flatten_record(samples[0])]
+        columns = {k: list(map(operator.attrgetter(k), samples)) for k in names}
+    except AttributeError:
+        return None
+    for col in columns.values():
+        kinds = set(map(type, col))
+        if kinds == {type(None)}:
+            continue
+        if kinds != {np.ndarray} or len(set(map(_DTYPE, col))) != 1 or len(set(map(_SHAPE, col))) != 1:
+            return None
+        if col[0].dtype.kind not in "biufc" or col[0].ndim < 1:
+            return None
+    return names, columns
+
+
+def _stack_uniform(
+    names: list[str], columns: dict[str, list[Any]],
+    take: Callable[[dict[str, tuple[tuple[int, ...], torch.dtype]]], dict[str, torch.Tensor]],
+) -> tuple[list[str], dict[str, Any], dict[str, torch.Tensor]]:
+    """:func:`stack_time_major` for :func:`_uniform_columns`' columns: each block filled by one numpy assignment of
+    the whole list (no per-sample view, as ``np.stack`` makes)."""
+    leaves: dict[str, Any] = {k: None for k, col in columns.items() if col[0] is None}
+    numeric = {k: col for k, col in columns.items() if col[0] is not None}
+    specs = {}
+    for k, col in numeric.items():
+        first = col[0]
+        specs[k] = ((first.shape[0], len(col), *first.shape[1:]), torch.from_numpy(first[:0]).dtype)
+    blocks = take(specs) if specs else {}
+    for k, col in numeric.items():
+        block = blocks[k]
+        if block.dtype is torch.bfloat16:  # (no numpy view of a bfloat16 block)
+            torch.stack([torch.as_tensor(v) for v in col], dim=1, out=block)
+        else:
+            block.numpy().swapaxes(0, 1)[...] = col
+    return names, leaves, blocks
+
+
+_FIELDS, _DTYPE, _SHAPE = operator.attrgetter("_fields"), operator.attrgetter("dtype"), operator.attrgetter("shape")
 
 
 def _same_numeric(vals: list[Any]) -> bool:

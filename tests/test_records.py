@@ -7,10 +7,14 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import conduit
+from conduit import records
 from conduit.errors import SpecError
 from conduit.ext import RecordLayout, build_record, flatten_record, is_record, stack_rows, stack_time_major
+from tests.integrations.srl_stub import NamedArray
 
 
 def _sample(t: int, step: int) -> dict[str, object]:
@@ -84,3 +88,67 @@ def test_samples_stack_time_major_into_the_memory_handed_out_and_a_record_left_n
     assert blocks["obs.pixels"][:, 2].eq(2).all() and blocks["obs.state.pos"][:, 2].eq(-2).all()
     nested = build_record([(k, blocks.get(k, leaves.get(k))) for k in names], dict)
     assert nested["obs"]["state"]["pos"] is blocks["obs.state.pos"]
+
+
+# -- the common case read column by column: the same result as the general path, or the general path's error ------
+_LEAVES = st.sampled_from(["f32", "f32", "i64", "f64", "none", "str", "scalar", "short"])
+
+
+def _leaf(kind: str, t: int, seed: int) -> object:
+    rng = np.random.default_rng(seed)
+    return {
+        "f32": rng.standard_normal((t, 3)).astype(np.float32), "f64": rng.standard_normal((t, 3)),
+        "i64": rng.integers(0, 9, (t,)), "none": None, "str": np.array(["x"] * t),
+        "scalar": np.float32(1.0), "short": np.zeros((t - 1, 3), np.float32),
+    }[kind]
+
+
+@st.composite
+def _groups(draw: st.DrawFn) -> list[NamedArray]:
+    """Groups of SRL-shaped nested records (the stub's ``NamedArray``: ``_fields``, a ``.shape``), mostly alike, at
+    times differing in one place: a leaf's kind, a record left None, an extra field."""
+    t, b = draw(st.integers(2, 4)), draw(st.integers(1, 5))
+    kinds = draw(st.lists(st.sampled_from(["f32", "i64", "none"]), min_size=3, max_size=3))
+    odd = draw(st.one_of(st.none(), st.tuples(st.integers(0, b - 1), st.sampled_from(["leaf", "record", "extra"]),
+                                              _LEAVES)))
+    group = []
+    for i in range(b):
+        a, c, d = (_leaf(k, t, 10 * i + j) for j, k in enumerate(kinds))
+        obs: object = NamedArray(obs=a, mask=c)
+        extra = {}
+        if odd is not None and odd[0] == i:
+            if odd[1] == "leaf":
+                a = _leaf(odd[2], t, 99)
+                obs = NamedArray(obs=a, mask=c)
+            elif odd[1] == "record":
+                obs = None
+            else:
+                extra = {"tag": _leaf(odd[2], t, 98)}
+        group.append(NamedArray(obs=obs, action=NamedArray(x=d), reward=_leaf("f32", t, i), **extra))
+    return group
+
+
+def _stacked(fn: object, group: list[NamedArray]) -> object:
+    def take(shapes: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor]:
+        return {k: torch.full(shape, 7, dtype=dtype) for k, (shape, dtype) in shapes.items()}
+
+    try:
+        names, leaves, blocks = fn(group, take)  # type: ignore[operator]
+    except Exception as e:  # the error is what is compared
+        return type(e)
+    return names, {k: (v if v is None else (v.dtype, v.shape, v.tolist())) for k, v in leaves.items()}, \
+        {k: (v.dtype, v.tolist()) for k, v in blocks.items()}
+
+
+@given(_groups())
+def test_stacking_srl_records_column_by_column_gives_what_the_general_path_gives(group: list[NamedArray]) -> None:
+    assert _stacked(stack_time_major, group) == _stacked(records._stack_general, group)
+
+
+def test_the_column_path_takes_srl_shaped_records_and_leaves_anything_else_to_the_general_path() -> None:
+    same = [NamedArray(obs=NamedArray(x=np.zeros((2, 3), np.float32)), info=None) for _ in range(3)]
+    assert records._uniform_columns(same) is not None
+    assert records._uniform_columns([{"x": np.zeros(2)}]) is None  # a dict record
+    assert records._uniform_columns([*same, NamedArray(obs=None, info=None)]) is None  # a record left None
+    mixed = [*same, NamedArray(obs=NamedArray(x=np.zeros((2, 3), np.float64)), info=None)]
+    assert records._uniform_columns(mixed) is None  # one sample of another dtype: promoted by the general path

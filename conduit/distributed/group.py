@@ -169,8 +169,12 @@ class RankGroup:
 
     # -- failure ---------------------------------------------------------------------
     def check(self) -> None:
-        """Raise the group's latched failure, if any."""
+        """Raise the group's latched failure, if any, else ``RuntimeClosed`` once this rank closed: a call that
+        would queue work for later collectives (a routed push, a priority update) is refused, as one process
+        refuses it."""
         self.failure.check()
+        if self.closed:
+            raise RuntimeClosed(f"rank {self.rank}: the rank group is closed")
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         if self.closed:

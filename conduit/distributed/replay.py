@@ -60,7 +60,7 @@ log = logging.getLogger("conduit")
 DistributedConduit = Any
 
 __all__ = [
-    "GIVE_UP", "HEAD", "INSERTED", "MASS", "MAXP", "MIN", "NEWLOW", "PUSHED", "ROWS", "SINCE", "SPEC", "WANT",
+    "FAILED", "GIVE_UP", "HEAD", "INSERTED", "MASS", "MAXP", "MIN", "NEWLOW", "PUSHED", "ROWS", "SINCE", "SPEC", "WANT",
     "GroupClaim",
     "GroupDelivery", "GroupTimeout", "OwnedRows", "ShardedBatch", "make_delivery", "plan_pull", "planned",
     "pull_global", "pull_local", "shard_config",
@@ -69,9 +69,10 @@ __all__ = [
 #: the state vector every rank contributes to a sync: these columns, then one outbox size per rank
 #: (PUSHED, WANT, SINCE: the rank's rows the group's rate limit admitted, its push longest waiting for room
 #: and since which sync; 0 without a limit: :mod:`conduit.distributed.ratelimit`; MAXP, NEWLOW: the rank's view of
-#: the group's max priority and the smallest priority of its shard's rows new since the last sync: lifts)
-ROWS, MASS, MIN, SPEC, INSERTED, GIVE_UP, PUSHED, WANT, SINCE, MAXP, NEWLOW = range(11)
-HEAD = 11
+#: the group's max priority and the smallest priority of its shard's rows new since the last sync: lifts;
+#: FAILED: 1 where the ingestion hook failed on a unit routed to the rank: :mod:`conduit.distributed.syncing`)
+ROWS, MASS, MIN, SPEC, INSERTED, GIVE_UP, PUSHED, WANT, SINCE, MAXP, NEWLOW, FAILED = range(12)
+HEAD = 12
 
 
 def lifts(state: np.ndarray | torch.Tensor, alpha: float) -> bool:

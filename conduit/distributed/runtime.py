@@ -171,7 +171,6 @@ class DistributedConduit:
         self._lock = threading.Lock()
         self._outbox: list[dict[str, list[Any]]] = [{"units": [], "priorities": []} for _ in range(self.world)]
         self._outbox_rows = 0
-        self._outbox_max = 0.0  # the largest priority (``|p| + eps``) in the outbox
         self._counts = {"pushed": 0, "ingested": 0, "refused": 0}
         self._closed = False
         self._channels: list[Any] = []
@@ -283,8 +282,6 @@ class DistributedConduit:
         mine = owners == self.rank
         applied = self.shard.buffer.update_priorities(slots[mine], ids[mine], pr[mine]) if mine.any() else 0
         with self._lock:
-            if (~mine).any():  # the group's max priority is at least what travels in the outbox (syncing)
-                self._outbox_max = max(self._outbox_max, float(np.abs(pr[~mine]).max()) + self.config.prioritized.eps)
             for r in np.unique(owners[~mine]):
                 sel = owners == r
                 self._outbox[int(r)]["priorities"].append(

@@ -1,10 +1,16 @@
 """A sharded buffer's sync, the collective every other one starts with: routed units and priority updates move to
 their shards, then every rank learns every shard's state (rows, priority mass, spec, rate-limit counts).
 
-Prioritized replay keeps one buffer's max priority here: each rank reports the largest priority it knows of (its
-shard's, and what it sent other ranks' rows) and the smallest priority of its shard's rows new since the last sync;
-where some shard's new rows entered below the group's max, they rise to it before the state is gathered again
+Prioritized replay keeps one buffer's max priority here: each rank reports its shard's max priority and the
+smallest priority of its shard's rows new since the last sync, read after the priority updates that moved were
+applied (an update its shard drops, for a row overwritten since the draw, raises no max, as in one buffer); where
+some shard's new rows entered below the group's max, they rise to it before the state is gathered again
 (:func:`conduit.distributed.replay.lifts`), so a row enters at the group's max priority as it would in one buffer.
+
+An ingestion hook runs on the rank whose shard takes the unit. Where it fails on a unit routed there, the sync
+still ends alike on every rank: each learns it from the state gathered next, and every rank raises the same
+``HookFailed``, naming the hook, the rank it ran on and the failure, and latches it, as one process latches a
+hook's failure (the pushing rank's push had returned).
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ import numpy as np
 import torch
 
 from conduit.distributed.exchange import dumps, loads
-from conduit.distributed.replay import HEAD, MAXP, PUSHED, SINCE, SPEC, WANT, lifts
-from conduit.errors import SpecError
+from conduit.distributed.replay import FAILED, HEAD, MAXP, PUSHED, SINCE, SPEC, WANT, lifts
+from conduit.errors import HookFailed, SpecError
 from conduit.spec import rows_of
 
 #: the rank's :class:`~conduit.distributed.runtime.DistributedConduit` (not imported: it imports this module)
@@ -36,23 +42,31 @@ def sync(edp: DistributedConduit, give_up: bool) -> np.ndarray:
         edp.delivery.quiesce()  # an overlapped exchange queued or running goes first (a no-op on the worker)
     with edp._lock:
         outbox, edp._outbox = edp._outbox, [{"units": [], "priorities": []} for _ in range(edp.world)]
-        moving, sent_max, edp._outbox_max = edp._outbox_rows, edp._outbox_max, 0.0
+        moving = edp._outbox_rows
     payload = [dumps(o) if o["units"] or o["priorities"] else torch.empty(0, dtype=torch.uint8) for o in outbox]
     sizes = [int(p.numel()) for p in payload]
     try:
-        state = edp.group.gather(state_vector(edp, give_up, sizes, sent_max), "sync (state and outbox sizes)")
+        state = edp.group.gather(state_vector(edp, give_up, sizes), "sync (state and outbox sizes)")
         pending = state[:, HEAD:].to(torch.int64)
-        moved, lift = int(pending.sum()), lifts(state, edp.config.prioritized.alpha)  # alike on every rank
+        moved = int(pending.sum())  # alike on every rank
         if moved:
             recv = edp.group.exchange(torch.cat(payload), sizes, pending[:, edp.rank].tolist(),
                                       "sync (routed units and priority updates)", rows=False)
         with edp._lock:
             edp._outbox_rows -= moving  # handed over: the receiving shards count them in
-        if moved:
-            receive(edp, recv, pending[:, edp.rank].tolist())
+        failed: HookFailed | None = None
+        if moved:  # the state again, with what moved applied (the max priorities among it)
+            try:
+                receive(edp, recv, pending[:, edp.rank].tolist())
+            except HookFailed as e:  # the ingestion hook, on a unit routed here: the group learns it next
+                failed = e
+            state = edp.group.gather(state_vector(edp, give_up, [0] * edp.world, failed is not None), "sync (state)")
+        if state[:, FAILED].any():
+            raise routed_hook_failed(edp, failed)
+        lift = lifts(state, edp.config.prioritized.alpha)
         if edp.delivery is not None:  # new rows enter at the group's max priority, as in one buffer
             edp.delivery.synced(float(state[:, MAXP].max()))
-        if moved or lift:
+        if lift:
             state = edp.group.gather(state_vector(edp, give_up, [0] * edp.world), "sync (state)")
         if edp.rate is not None:
             edp.rate.synced(state[:, PUSHED].numpy(), state[:, WANT].numpy(), state[:, SINCE].numpy())
@@ -63,16 +77,27 @@ def sync(edp: DistributedConduit, give_up: bool) -> np.ndarray:
     return state[:, :HEAD].numpy()
 
 
-def state_vector(edp: DistributedConduit, give_up: bool, sizes: list[int], sent_max: float = 0.0) -> torch.Tensor:
+def routed_hook_failed(edp: DistributedConduit, failed: HookFailed | None) -> HookFailed:
+    """Collective, where some rank's ingestion hook failed on a unit routed to it: the one ``HookFailed`` every
+    rank raises, naming the ranks and their failures, latched on the group."""
+    mine = str(failed).strip().splitlines()[0] if failed is not None else None
+    reasons = edp.group.gather_object(mine, "sync (a routed unit's ingestion failed)")
+    said = "; ".join(f"on rank {r}: {why}" for r, why in enumerate(reasons) if why)
+    cause = failed if failed is not None else RuntimeError(said)
+    err = HookFailed(f"the ingestion hook, on a unit routed to another rank ({said})", cause)
+    return edp.group.failure.set("sync", err)
+
+
+def state_vector(edp: DistributedConduit, give_up: bool, sizes: list[int], failed: bool = False) -> torch.Tensor:
     """This rank's row of the sync's state (the columns :mod:`conduit.distributed.replay` names), then its outbox
-    sizes; ``sent_max``: the largest priority in the outbox this sync moves (the group's max is at least it)."""
+    sizes; ``failed``: the ingestion hook failed on a unit routed to this rank."""
     buf = edp.shard.buffer if edp.shard is not None else None
     rows = float(buf.rows) if buf is not None else 0.0
     inf = float("inf")
     mass, low, top, new_low = edp.delivery.shard_priorities() if edp.delivery is not None else (0.0, inf, 0.0, inf)
     rate = edp.rate.snapshot() if edp.rate is not None else (0, 0, 0)
     head = [rows, mass, low, edp.spec_key(), float(buf.inserted if buf else 0), float(give_up), *map(float, rate),
-            max(top, sent_max), new_low]
+            top, new_low, float(failed)]
     return torch.tensor(head + [float(s) for s in sizes], dtype=torch.float64)
 
 

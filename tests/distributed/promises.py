@@ -254,6 +254,66 @@ def learner_side(rank: int, world: int) -> dict[str, Any]:
     edp.close()
     out["new_rows"] = edp_gather(rank, world, mine)
 
+    edp = cd.Conduit(policy="off_policy", train_batch_size=8, capacity=16 * world, seed=3, timeout_s=30,
+                     sampler="prioritized")
+    try:  # rank 0 feeds back 50 for rows every shard has overwritten since the draw: each shard drops the update
+        edp.push(good(rank, 0, n=16))  # (as one process drops it), so the group's max stays 1 and so do new rows
+        b = edp.pull()
+        edp.push(good(rank, 1, n=16))
+        if rank == 0:
+            edp.update_priorities(b, np.full(len(b.owners), 50.0))
+        edp.sync()
+        edp.push(good(rank, 2, n=1))
+        edp.pull()
+        buf = edp.shard.buffer
+        leaves, top = buf.priorities_at(stored_in_order(buf.state_dict())[0])
+        mine = {"leaves": sorted({round(float(v), 6) for v in leaves}), "max": round(top, 6)}
+    except Exception as e:
+        mine = {"error": f"{type(e).__name__}: {e}"}
+    edp.close()
+    out["stale_update"] = edp_gather(rank, world, mine)
+
+    edp = cd.Conduit(policy="off_policy", train_batch_size=4, capacity=64 * world, seed=4, timeout_s=30,
+                     sampler="prioritized", routing="round_robin")
+    try:  # after close, every push and priority update raises RuntimeClosed, routed or not, and counts nothing
+        edp.push(good(rank, 0))
+        edp.push(good(rank, 1))
+        b = edp.pull()
+        before = edp.counters()
+        edp.close()
+        mine = {"push": [_outcome(lambda k=k: edp.push(good(rank, k))) for k in (2, 3)],
+                "update": _outcome(lambda: edp.update_priorities(b, np.ones(len(b.owners)))),
+                "counts_kept": before == edp.counters()}
+    except Exception as e:
+        mine = {"error": f"{type(e).__name__}: {e}"}
+    edp.close()
+    out["after_close"] = edp_gather(rank, world, mine)
+
+    edp = cd.Conduit(policy="off_policy", train_batch_size=2, capacity=64 * world, seed=1, timeout_s=5,
+                     routing="round_robin")
+
+    @edp.register_ingestion()
+    def picky(actor_in: Any, exp_out: Any) -> None:  # refuses every unit rank 1 pushed that was routed elsewhere
+        data = actor_in.read()
+        if int(data["tid"][0]) // 1000 == 1 and rank != 1:
+            raise ValueError("picky refuses rank 1's units")
+        exp_out.write(data)
+
+    mine = {}
+    try:  # the hook fails where a routed unit lands: every rank raises HookFailed at the sync, naming it, latched
+        mine["pushes"] = _outcome(lambda: [edp.push(good(rank, k)) for k in range(4)])
+        try:
+            edp.pull()
+            mine["pull"] = "accepted"
+        except Exception as e:
+            mine["pull"] = type(e).__name__
+            mine["named"] = "picky refuses rank 1's units" in str(e) and "routed" in str(e)
+        mine["again"] = _outcome(edp.pull)
+    except Exception as e:
+        mine = {"error": f"{type(e).__name__}: {e}"}
+    edp.close()
+    out["routed_hook_fails"] = edp_gather(rank, world, mine)
+
     edp = cd.Conduit(policy="off_policy", train_batch_size=4, capacity=64 * world, seed=4, timeout_s=30,
                      sampling="local")
     late = threading.Timer(0.3, lambda: edp.push(good(rank, 0)))

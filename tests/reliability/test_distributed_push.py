@@ -142,7 +142,10 @@ def _one_process_hook_failure(case: str) -> tuple[str, str]:
 @pytest.mark.parametrize("world", WORLDS)
 def test_the_learner_side_keeps_one_processs_promises(worlds, world):
     """A bad priority (NaN, on a row another rank holds) raises ValueError at update_priorities and the group goes
-    on (not a RankFailed at the next collective); new rows enter every shard at the group's max priority; a local
+    on (not a RankFailed at the next collective); new rows enter every shard at the group's max priority, and an
+    update for rows overwritten since their draw raises no max; after close, a push (routed or not) and a priority
+    update raise RuntimeClosed and count nothing; an ingestion hook that fails on a unit routed to another rank
+    raises HookFailed, naming it, on every rank at the same sync (not a stall on the pushing rank); a local
     pull waits for an actor's late push; a push that timed out taking nothing changes nothing: the group's counts
     still add up."""
     side = worlds[world]["learner_side"]
@@ -152,6 +155,12 @@ def test_the_learner_side_keeps_one_processs_promises(worlds, world):
     # rank 0 fed back 100: every shard's new rows entered at the group's max priority, as one buffer's would
     top = round((100.0 + 1e-6) ** 0.6, 6)
     assert side["new_rows"] == [{"leaves": [top], "max": 100.0}] * world, side["new_rows"]
+    # an update for rows overwritten since their draw is dropped by their shard: it raises no max, there or anywhere
+    assert side["stale_update"] == [{"leaves": [1.0], "max": 1.0}] * world, side["stale_update"]
+    closed = {"push": ["RuntimeClosed"] * 2, "update": "RuntimeClosed", "counts_kept": True}
+    assert side["after_close"] == [closed] * world, side["after_close"]
+    failed = {"pushes": "accepted", "pull": "HookFailed", "named": True, "again": "HookFailed"}
+    assert side["routed_hook_fails"] == [failed] * world, side["routed_hook_fails"]
     assert side["timed_out"] == "ConduitTimeout"
     assert side["counts"] == {"exactly_once": True, "pushed": [4] * world, "rows": 4 * world}, side["counts"]
 

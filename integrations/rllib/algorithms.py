@@ -42,6 +42,8 @@ from ray.rllib.algorithms.dqn import DQN
 from ray.rllib.algorithms.sac import SAC
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
+from conduit import ConfigError
+
 from ._compat import log
 from .buffer import ConduitEpisodeReplayBuffer, ConduitPrioritizedEpisodeReplayBuffer, _ConduitReplay
 from .learners import ConduitOffPolicyLearner
@@ -184,6 +186,16 @@ class ConduitAlgorithm:
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
+        saved = state.get(BUFFER_COMPONENT)
+        sharded = getattr(self, "conduit_shards", None) is not None
+        if isinstance(saved, dict) and ("sharded" in saved) != sharded:  # before anything is loaded
+            where = {True: "sharded over the learners (num_learners >= 2)",
+                     False: "in the driver (num_learners 0 or 1, or the exact mode)"}
+            raise ConfigError(
+                f"this checkpoint's replay buffer was kept {where['sharded' in saved]}, this algorithm keeps it "
+                f"{where[sharded]}: the two do not load into each other; restore with the learner count it was "
+                "saved with (any count of two or more loads a sharded one)"
+            )
         super().set_state(state)  # type: ignore[misc]
         buffer = getattr(self, "local_replay_buffer", None)
         if BUFFER_COMPONENT in state and isinstance(buffer, _ConduitReplay):

@@ -117,7 +117,7 @@ class _Shard:
 
         self.edp = edp.start()
         self.rank, self.world = edp.rank, edp.world
-        self.sampled = 0
+        self.sampled = 0  # rows this learner pulled since its shard started
 
     def push(self, rows: dict[str, np.ndarray], first: int) -> int:
         """Push this rank's rows of a driver's batch: row ``i`` is the group's row ``first + i``, dealt round-robin."""
@@ -128,8 +128,9 @@ class _Shard:
             self.edp.push({k: v[mine] for k, v in rows.items()})
         return count
 
-    def train(self, learner: Any, timesteps: dict[str, Any]) -> tuple[dict[str, Any], float]:
-        """Pull, update, send the priorities; RLlib's results and the seconds the pull took."""
+    def train(self, learner: Any, timesteps: dict[str, Any]) -> tuple[dict[str, Any], int, float, float]:
+        """Pull, update, send the priorities; RLlib's results, the rows pulled, and the seconds the pull and the
+        priority update took."""
         t0 = time.perf_counter()
         batch = self.edp.pull()
         pulled = time.perf_counter() - t0
@@ -143,9 +144,10 @@ class _Shard:
                 found = module_results.pop(TD_ERROR_KEY)
                 items = found.peek() if hasattr(found, "peek") else found
                 td.extend(np.asarray(convert_to_numpy(x)).reshape(-1) for x in force_list(items))
+        t0 = time.perf_counter()
         if self.prioritized and td:
             self.edp.update_priorities(batch, np.concatenate(td))
-        return results, pulled
+        return results, batch.size, pulled, time.perf_counter() - t0
 
 
 def _start(learner: Any, settings: dict[str, Any]) -> int:
@@ -164,7 +166,7 @@ def _push(learner: Any, rows: Any, first: int) -> int:
     return _shard(learner).push(ray.get(rows) if isinstance(rows, ray.ObjectRef) else rows, first)
 
 
-def _train(learner: Any, timesteps: dict[str, Any]) -> tuple[dict[str, Any], float]:
+def _train(learner: Any, timesteps: dict[str, Any]) -> tuple[dict[str, Any], int, float, float]:
     return _shard(learner).train(learner, timesteps)
 
 
@@ -179,7 +181,11 @@ def _save(learner: Any, path: str) -> str:
 
 
 def _restore(learner: Any, path: str) -> int:
-    shard = _shard(learner)
+    """Load the shards into a fresh rank (collective): a learner that trained already closes its own first, as
+    an algorithm restored in place drops the buffer it had."""
+    old = _shard(learner)
+    old.edp.close()
+    learner.__dict__[SHARD] = shard = _Shard(old.settings)
     shard.edp.restore(path)
     return shard.rank
 
@@ -207,6 +213,9 @@ class ShardedReplay:
         self.folder = NStepFolder(int(config.n_step), float(config.gamma))
         self.added = 0
         self.pushed = 0
+        self.sampled = 0  # rows the learners pulled
+        #: the slowest learner's pull and priority update in the last ``train`` (RLlib's buffer timers)
+        self.sample_s = self.update_prios_s = 0.0
         #: the totals logged so far (RLlib's per-iteration counts are what came since)
         self.logged: dict[str, int] = {}
         self.pull_s = 0.0
@@ -250,8 +259,11 @@ class ShardedReplay:
         """Every learner pulls its batch and updates on it (RLlib's ``Learner.update``); their results.
         :attr:`pull_s` adds up the slowest learner's pull of each update (the learners wait for it)."""
         out = self._call(_train, "update", timesteps=timesteps)
-        self.pull_s += max(pulled for _, pulled in out)
-        return [results for results, _ in out]
+        self.sampled += sum(rows for _, rows, _, _ in out)
+        self.sample_s = max(pulled for _, _, pulled, _ in out)
+        self.update_prios_s = max(prios for _, _, _, prios in out)
+        self.pull_s += self.sample_s
+        return [results for results, _, _, _ in out]
 
     # -- counters, checkpoints, lifecycle --------------------------------------------------------
     def shard_counts(self) -> list[dict[str, Any]]:
@@ -266,16 +278,19 @@ class ShardedReplay:
         return {
             "num_env_steps_added": self.added,
             "num_env_steps_stored": int(sum(stats.shard_rows)),
-            "num_env_steps_sampled": int(sum(c["sampled"] for c in counts)),
+            "num_env_steps_sampled": self.sampled,
             "num_env_steps_ingested": int(sum(stats.ingested_rows)),
         }
 
     def log_metrics(self, metrics: Any) -> None:
         """Log :meth:`metrics` under RLlib's ``replay_buffer`` key (at the iteration's end: it is collective),
-        reduced as RLlib's buffer reduces them: steps added and sampled as the iteration's sums and as
-        ``*_lifetime`` sums, the rows stored (and ingested) as they are now."""
+        reduced as RLlib's buffer reduces them: steps added and sampled as the sums since the last iteration
+        that sampled and as ``*_lifetime`` sums, the rows stored (and ingested) as they are now. As RLlib's,
+        only an iteration that sampled the buffer reports them."""
         from ray.rllib.utils.metrics import REPLAY_BUFFER_RESULTS
 
+        if self.sampled == self.logged.get("num_env_steps_sampled", 0):
+            return
         totals = self.metrics()
         for key in ("num_env_steps_added", "num_env_steps_sampled"):
             since = totals.pop(key) - self.logged.get(key, 0)
@@ -295,12 +310,14 @@ class ShardedReplay:
             self._call(_restore, "restore", path=str(source))
 
     def state(self) -> dict[str, Any]:
-        return {"folder": self.folder.state(), "added": self.added, "pushed": self.pushed, "logged": self.logged}
+        return {"folder": self.folder.state(), "added": self.added, "pushed": self.pushed, "sampled": self.sampled,
+                "logged": self.logged}
 
     def load(self, state: dict[str, Any]) -> None:
         self.folder.load(state["folder"])
         self.added, self.pushed = int(state["added"]), int(state["pushed"])
         self.logged = dict(state.get("logged", {}))
+        self.sampled = int(state.get("sampled", self.logged.get("num_env_steps_sampled", 0)))
 
     def close(self) -> None:
         try:
@@ -325,6 +342,8 @@ def training_step(algo: Any, shards: ShardedReplay) -> None:
         NUM_AGENT_STEPS_SAMPLED_LIFETIME,
         NUM_ENV_STEPS_SAMPLED_LIFETIME,
         REPLAY_BUFFER_ADD_DATA_TIMER,
+        REPLAY_BUFFER_SAMPLE_TIMER,
+        REPLAY_BUFFER_UPDATE_PRIOS_TIMER,
         SYNCH_WORKER_WEIGHTS_TIMER,
         TIMERS,
     )
@@ -354,6 +373,10 @@ def training_step(algo: Any, shards: ShardedReplay) -> None:
                 NUM_AGENT_STEPS_SAMPLED_LIFETIME: metrics.peek((ENV_RUNNER_RESULTS, NUM_AGENT_STEPS_SAMPLED_LIFETIME)),
             })
             metrics.aggregate(learner_results, key=LEARNER_RESULTS)
+        # RLlib's buffer timers, reduced as its own ``log_time`` reduces them: the slowest learner's pull and
+        # priority update (both run inside the learners' update, which the learner timer also counts)
+        metrics.log_value((TIMERS, REPLAY_BUFFER_SAMPLE_TIMER), shards.sample_s, reduce="ema")
+        metrics.log_value((TIMERS, REPLAY_BUFFER_UPDATE_PRIOS_TIMER), shards.update_prios_s, reduce="ema")
     with metrics.log_time((TIMERS, SYNCH_WORKER_WEIGHTS_TIMER)):
         algo.env_runner_group.sync_weights(
             from_worker_or_learner_group=algo.learner_group,

@@ -126,6 +126,8 @@ def test_two_learners_shard_the_buffer_and_ingest_every_env_step_once(trained):
     assert sum(r["replay_buffer"].get("num_env_steps_sampled", 0) for r in results) == sum(s.sampled for s in got.shards)
     assert all(s.sampled % 16 == 0 and s.sampled > 0 for s in got.shards)
     assert "default_policy" in results[-1]["learners"]
+    # RLlib's buffer timers, as its own training_step logs them
+    assert {"replay_buffer_sampling_timer", "replay_buffer_update_prios_timer"} <= set(results[-1]["timers"])
 
 
 def test_a_learner_actor_that_dies_fails_the_algorithm_naming_it_within_the_timeout(trained):
@@ -168,10 +170,19 @@ def test_checkpoint_restores_every_shard_and_training_continues(trained):
         assert counts(again) == before
         result = again.train()
         after = counts(again)
+        again.restore_from_path(path)  # in place, onto learners that trained since: as stock RLlib restores
+        in_place = counts(again)
+        result_in_place = again.train()
     finally:
         again.stop()
     assert result["env_runners"]["num_env_steps_sampled_lifetime"] == 400
     assert sum(after) == sum(before) + 100
+    assert in_place == before
+    # the sampled counts go on from the checkpoint's: a positive count per iteration, a lifetime sum that grows
+    saved = trained["results"][-1]["replay_buffer"]["num_env_steps_sampled_lifetime"]
+    for got in (result, result_in_place):
+        rb = got["replay_buffer"]
+        assert rb["num_env_steps_sampled"] > 0 and rb["num_env_steps_sampled_lifetime"] > saved, rb
 
     four = sharded_dqn(learners=4).build_algo()
     try:
@@ -181,6 +192,26 @@ def test_checkpoint_restores_every_shard_and_training_continues(trained):
     finally:
         four.stop()
     assert len(resharded) == 4 and sum(resharded) == sum(before)
+
+
+def test_the_driver_buffers_checkpoint_and_the_shards_do_not_load_into_each_other(trained, tmp_path):
+    """One learner keeps the buffer in the driver, two shard it: a checkpoint of either is refused by the other
+    by name, before anything is loaded (it dropped the rows, or failed deep in the buffer's state)."""
+    one = sharded_dqn(learners=1).build_algo()
+    try:
+        assert one.conduit_shards is None
+        with pytest.raises(ConfigError, match="do not load into each other"):
+            one.restore_from_path(trained["path"])
+        one.train()
+        saved = one.save_to_path(tmp_path / "one")
+    finally:
+        one.stop()
+    two = sharded_dqn().build_algo()
+    try:
+        with pytest.raises(ConfigError, match="do not load into each other"):
+            two.restore_from_path(saved)
+    finally:
+        two.stop()
 
 
 def test_sharding_is_refused_where_it_cannot_hold():

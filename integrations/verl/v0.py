@@ -25,10 +25,11 @@ from typing import Any
 
 from verl import DataProto
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-from verl.trainer.ppo.utils import Role
 
 from conduit.ext import Stage, StageProfile, StageRunner
 from conduit.scheduling.stages import plan
+
+from .pools import stage_pools
 
 __all__ = ["ConduitRayPPOTrainer"]
 
@@ -46,32 +47,19 @@ class ConduitRayPPOTrainer(RayPPOTrainer):
             self.conduit_pending: dict[str, tuple[DataProto, Any]] = {}
             self.conduit_last_plan = ""
 
-    def conduit_pool(self, role: Any, fallback: str) -> str:
-        mapping = getattr(getattr(self, "resource_pool_manager", None), "mapping", None) or {}
-        return str(mapping.get(role, fallback))
-
     def _compute_old_log_prob(self, batch: DataProto) -> Any:
         self.conduit_setup()
-        actor = self.conduit_pool(Role.ActorRollout, "actor")
-        ref_pool = actor if self.ref_in_actor else self.conduit_pool(Role.RefPolicy, "ref")
+        pools = stage_pools(self)
         stages = [
-            Stage("old_log_prob", actor, (), lambda: super(ConduitRayPPOTrainer, self)._compute_old_log_prob(batch))
+            Stage("old_log_prob", pools["old_log_prob"], (),
+                  lambda: super(ConduitRayPPOTrainer, self)._compute_old_log_prob(batch))
         ]
         if self.use_reference_policy:
-            stages.append(
-                Stage(
-                    "ref_log_prob", ref_pool, (), lambda: super(ConduitRayPPOTrainer, self)._compute_ref_log_prob(batch)
-                )
-            )
+            stages.append(Stage("ref_log_prob", pools["ref_log_prob"], (),
+                                lambda: super(ConduitRayPPOTrainer, self)._compute_ref_log_prob(batch)))
         if self.use_critic:
-            stages.append(
-                Stage(
-                    "values",
-                    self.conduit_pool(Role.Critic, "critic"),
-                    (),
-                    lambda: super(ConduitRayPPOTrainer, self)._compute_values(batch),
-                )
-            )
+            stages.append(Stage("values", pools["values"], (),
+                                lambda: super(ConduitRayPPOTrainer, self)._compute_values(batch)))
         the_plan = plan(stages, self.conduit_profile)
         self.conduit_last_plan = the_plan.describe()
         outputs: dict[str, Any] = {}

@@ -28,7 +28,6 @@ from typing import Any
 
 from omegaconf import open_dict
 from transfer_queue import KVBatchMeta
-from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1 import PPOTrainerSeparateAsync, PPOTrainerSync
 from verl.utils.debug import marked_timer
 
@@ -36,6 +35,7 @@ from conduit.ext import Stage, StageProfile, StageRunner
 from conduit.scheduling.stages import plan
 
 from .metrics import PathMeter
+from .pools import stage_pools
 
 __all__ = ["ConduitPPOTrainerSeparateAsync", "ConduitPPOTrainerSync", "ConduitStepMixin", "copy_meta"]
 
@@ -60,13 +60,6 @@ def copy_meta(batch: KVBatchMeta) -> KVBatchMeta:
     )
 
 
-def pool_of(trainer: Any, role: Any, fallback: str) -> str:
-    """The resource pool a role's workers live on (roles of one pool share Ray actors)."""
-    mgr = getattr(trainer, "resource_pool_manager", None)
-    mapping = getattr(mgr, "mapping", None) or {}
-    return str(mapping.get(role, fallback))
-
-
 class ConduitStepMixin:
     """Put before a verl V1 trainer class; overrides ``_step_once`` only."""
 
@@ -88,17 +81,11 @@ class ConduitStepMixin:
 
     def conduit_groups(self) -> dict[str, str]:
         """Worker group (resource pool) of each stage."""
-        actor = pool_of(self, Role.ActorRollout, "actor")
-        ref = actor if getattr(self, "ref_in_actor", False) else pool_of(self, Role.RefPolicy, actor)
+        pools = stage_pools(self)
         reward_cfg = self.config.get("reward", {}).get("reward_model", {})  # type: ignore[attr-defined]
-        reward = pool_of(self, Role.RewardModel, "reward") if reward_cfg.get("enable_resource_pool", False) else actor
-        return {
-            "reward": reward,
-            "old_log_prob": actor,
-            "ref_log_prob": ref,
-            "values": pool_of(self, Role.Critic, "critic"),
-            "advantage": "driver",
-        }
+        if not reward_cfg.get("enable_resource_pool", False):
+            pools["reward"] = pools["old_log_prob"]
+        return {**pools, "advantage": "driver"}
 
     def conduit_ingest(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, meter: PathMeter) -> KVBatchMeta:
         """Balance, then the reward/log-prob/values stages as planned, then the advantage; verl's methods all."""

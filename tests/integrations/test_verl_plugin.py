@@ -91,9 +91,11 @@ def test_registered_in_the_driver_and_inside_a_ray_worker(ray_session) -> None:
 
 def test_v0_trainer_overlaps_ref_with_old_log_prob_through_the_parents_methods(monkeypatch) -> None:
     import threading
+    from types import SimpleNamespace
 
     from conduit.integrations.verl.v0 import ConduitRayPPOTrainer
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.utils import Role
 
     calls: list[tuple[str, str]] = []
     together = threading.Barrier(2, timeout=10)  # passes only if old and ref log-prob run at the same time
@@ -112,6 +114,11 @@ def test_v0_trainer_overlaps_ref_with_old_log_prob_through_the_parents_methods(m
     monkeypatch.setattr(RayPPOTrainer, "_compute_values", fake("values"))
     tr = object.__new__(ConduitRayPPOTrainer)
     tr.ref_in_actor, tr.use_reference_policy, tr.use_critic = False, True, False
+    tr._compute_old_log_prob("A")  # no pools known: the actor's for both, verl's order (never a guessed pool)
+    assert tr.conduit_last_plan == "old_log_prob -> ref_log_prob"
+    tr.conduit_pending.clear()
+    tr.resource_pool_manager = SimpleNamespace(mapping={Role.ActorRollout: "actor_pool", Role.RefPolicy: "ref_pool"})
+    calls.clear()
     old = tr._compute_old_log_prob("B")  # both run here, at once (else the barrier breaks)
     ref = tr._compute_ref_log_prob("B")  # fit's next call: already computed, beside the old log-prob
     assert (old, ref) == ("old:B", "ref:B")

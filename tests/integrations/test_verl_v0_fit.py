@@ -427,3 +427,39 @@ def test_conduit_v0_trainer_runs_verls_fit_bit_identically_and_overlaps_ref_with
         assert all(thread.startswith("conduit-verl") for _, _, thread in pair)
     plan = ours.trainer.conduit_last_plan  # the second step's plan, made from the first step's measured costs
     assert plan.startswith("(") and set(plan.strip("()").split(" || ")) == {"old_log_prob", "ref_log_prob"}
+
+
+def test_on_verls_own_placement_every_stage_shares_the_actors_pool_and_none_overlaps():
+    """verl's own task runner fuses the reference policy into the actor's workers (``Role.ActorRolloutRef``) and
+    puts the critic and the reward model on the actor's pool: the stages share one pool, so none runs beside
+    another (two calls into one worker group at once). With LoRA the reference runs in the actor
+    (``Role.ActorRollout``); only a mapping of separate pools lets stages overlap."""
+    from types import SimpleNamespace
+
+    from conduit.integrations.verl.pools import stage_pools
+    from omegaconf import open_dict
+    from verl.single_controller.ray import ResourcePoolManager
+    from verl.trainer.main_ppo_v0 import BaseTaskRunner
+    from verl.trainer.ppo.utils import Role
+
+    def placed(config: Any, **extra: Any) -> dict[str, str]:
+        runner = BaseTaskRunner()
+        runner.add_actor_rollout_worker(config)
+        runner.add_critic_worker(config)
+        runner.add_reward_model_resource_pool(config)
+        pools = ResourcePoolManager(resource_pool_spec={"global_pool": [1]}, mapping=runner.mapping)
+        trainer = SimpleNamespace(role_worker_mapping=runner.role_worker_mapping, resource_pool_manager=pools, **extra)
+        return stage_pools(trainer)
+
+    config = verl_config()
+    with open_dict(config):
+        config.reward.reward_model.enable = True
+    assert placed(config, ref_in_actor=False) == dict.fromkeys(
+        ("old_log_prob", "ref_log_prob", "values", "reward"), "global_pool")
+    with open_dict(config):
+        config.actor_rollout_ref.model.lora_rank = 8
+    assert set(placed(config, ref_in_actor=True).values()) == {"global_pool"}
+    apart = SimpleNamespace(resource_pool_manager=SimpleNamespace(
+        mapping={Role.ActorRollout: "actor_pool", Role.RefPolicy: "ref_pool", Role.Critic: "critic_pool"}))
+    assert stage_pools(apart) == {"old_log_prob": "actor_pool", "ref_log_prob": "ref_pool", "values": "critic_pool",
+                                  "reward": "actor_pool"}

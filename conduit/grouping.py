@@ -98,7 +98,7 @@ class AdmissionConfig:
     def __post_init__(self) -> None:
         if min(self.group_size, self.mini_batch_groups, self.dp_size, self.batch_groups) < 1:
             raise ValueError(f"sizes must be positive: {self}")
-        if self.batch_groups % self.unit_groups:
+        if not self.on_policy and self.batch_groups % self.unit_groups:  # (on-policy hands the step over whole)
             raise ValueError(
                 f"a train batch of {self.batch_groups} groups cannot be cut into admissions of {self.unit_groups} "
                 f"groups (lcm(dp={self.dp_size}, mini_batch={self.mini_batch_groups}x{self.group_size}) "
@@ -307,9 +307,20 @@ class AdmissionController:
                 return out
             left = timeout_s - (time.monotonic() - t0)
             if left <= 0:
-                raise TimeoutError(f"no {want} admissible whole groups within {timeout_s}s")
+                raise TimeoutError(f"no {want} admissible whole groups within {timeout_s}s{self._why(out)}")
             if not gone:  # after evicting, select on a fresh snapshot at once; never sleep past the timeout
                 time.sleep(min(interval_s, left))
+
+    def _why(self, polled: Polled) -> str:
+        """What the wait evicted, for a timeout's message: groups failed or short of ``group_size`` rows, again and
+        again, point at a ``group_size`` other than the rollout's ``n``."""
+        if not (polled.misfit or polled.stale):
+            return ""
+        said = (f": meanwhile {polled.misfit} groups were evicted as failed or short of group_size="
+                f"{self.config.group_size} rows and {polled.stale} as stale, and refilled")
+        if polled.misfit > polled.stale:
+            said += " (is group_size the rollout's n?)"
+        return said
 
     def check_want(self, want: int | None) -> None:
         """A sample's size: on-policy the whole step; otherwise whole units within what is left of the train batch."""

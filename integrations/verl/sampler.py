@@ -48,6 +48,7 @@ from typing import Any
 
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync, _accumulate_eviction_metrics
+from verl.utils.skip import SkipManager
 
 from conduit import ConfigError
 from conduit.ext import ANY_SOURCE, AdmissionConfig, AdmissionController, GroupInfo
@@ -92,6 +93,12 @@ class ConduitAdmissionBuffer(ReplayBufferAsync):
             )
         )
         self.admitted_step: int | None = None
+        steps = int((trainer_config or {}).get("parameter_sync_step", 1) or 1)
+        if trainer_mode != "sync" and self.admission.config.batch_groups % steps == 0:
+            try:  # each of a step's parameter_sync_step samples: whole admission units, known now
+                self.admission.check_want(self.admission.config.batch_groups // steps)
+            except ValueError as e:
+                raise ConfigError(f"sampler_kwargs with parameter_sync_step={steps}: {e}") from None
 
     def terminal_groups(self, partition_id: str, global_steps: int) -> list[GroupInfo]:
         """verl's terminal (finished or failed) prompt groups, with their trajectory counts and sources."""
@@ -128,6 +135,7 @@ class ConduitAdmissionBuffer(ReplayBufferAsync):
         stale = {g.uid for g in groups if not self.admission.misfit(g) and self.admission.stale(g, global_steps)}
         return stale, set(), {g.uid for g in groups if self.admission.misfit(g)}, Counter()
 
+    @SkipManager.annotate_tq(role="rollout_tq", phase="sample")  # verl's rollout dump/skip, as on its own sample
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
         if partition_id == "val":
             return super().sample(global_steps, partition_id, batch_size)

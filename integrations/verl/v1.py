@@ -24,6 +24,7 @@ no tensor; the scheduler only hides the latency of independent stages.
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 from omegaconf import open_dict
@@ -81,17 +82,19 @@ class ConduitStepMixin:
 
     def conduit_groups(self) -> dict[str, str]:
         """Worker group (resource pool) of each stage."""
-        pools = stage_pools(self)
-        reward_cfg = self.config.get("reward", {}).get("reward_model", {})  # type: ignore[attr-defined]
-        if not reward_cfg.get("enable_resource_pool", False):
-            pools["reward"] = pools["old_log_prob"]
-        return {**pools, "advantage": "driver"}
+        return {**stage_pools(self), "advantage": "driver"}
 
     def conduit_ingest(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict, meter: PathMeter) -> KVBatchMeta:
-        """Balance, then the reward/log-prob/values stages as planned, then the advantage; verl's methods all."""
+        """The colocated reward, balance, then the log-prob/values stages as planned, then the advantage; verl's
+        methods all. The reward model scores first, as in verl: ``_balance_batch`` pads a batch by copying its first
+        row, scores included (on verl's placement it shares the actor's pool: nothing to overlap it with)."""
         self.conduit_setup()
         groups = self.conduit_groups()
-        sampled = copy_meta(batch)
+        if self.reward_loop_manager.reward_loop_worker_handles is None:  # type: ignore[attr-defined]
+            t0 = time.perf_counter()
+            with marked_timer(TIMER["reward"], timing_raw, color="yellow"):
+                batch = self._compute_reward_colocate(batch, metrics=metrics)  # type: ignore[attr-defined]
+            meter.add_stage("reward", time.perf_counter() - t0)
         balanced = self._balance_batch(batch, metrics=metrics)  # type: ignore[attr-defined]
         parts: dict[str, dict] = {}
         outputs: dict[str, Any] = {}
@@ -100,10 +103,7 @@ class ConduitStepMixin:
             parts[name] = {}
             return Stage(name, groups[name], needs, lambda: method(copy_meta(on), metrics=parts[name]))
 
-        stages = []
-        if self.reward_loop_manager.reward_loop_worker_handles is None:  # type: ignore[attr-defined]
-            stages.append(stage("reward", self._compute_reward_colocate, sampled))  # type: ignore[attr-defined]
-        stages.append(stage("old_log_prob", self._compute_old_log_prob, balanced))  # type: ignore[attr-defined]
+        stages = [stage("old_log_prob", self._compute_old_log_prob, balanced)]  # type: ignore[attr-defined]
         if self.use_reference_policy:  # type: ignore[attr-defined]
             stages.append(stage("ref_log_prob", self._compute_ref_log_prob, balanced))  # type: ignore[attr-defined]
         if self.use_critic:  # type: ignore[attr-defined]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -23,6 +24,8 @@ pytest.importorskip("transfer_queue")
 
 from conduit.integrations.verl.sampler import ConduitAdmissionBuffer
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
+
+from conduit import ConfigError
 
 N = 2  # rollout.n
 KW = {"group_size": N, "mini_batch_groups": 1, "dp_size": 2, "batch_groups": 4, "poll_interval": 0.01,
@@ -195,6 +198,72 @@ def test_a_group_with_more_than_n_trajectories_is_refused(tq_clean) -> None:
     buf = ConduitAdmissionBuffer("separate_async", {}, None, "drop", KW, refill_fn=Refill(tq_clean))
     with pytest.raises(ValueError, match="more than group_size"):
         buf.sample(1, "train", 2)
+
+
+def test_a_sync_batch_verl_samples_is_accepted_whatever_the_admission_unit(tq_clean) -> None:
+    """Sync hands the step over whole (verl's ``ReplayBuffer``): a train batch of 3 groups is taken as verl takes
+    it, though admission units (async only) would be lcm(dp=2, 2 x 2 rows) = 2 groups (it was refused)."""
+    state = [(u, 1, "finished", N) for u in "abc"]
+    out, _, _ = same(tq_clean, "sync", 8, "drop", state, [(1, 3)])
+    assert out[0][1] == ["a", "b", "c"]
+    ConduitAdmissionBuffer("sync", {}, None, "drop", {**KW, "mini_batch_groups": 2, "batch_groups": 3})
+
+
+def test_async_samples_of_partial_units_are_refused_at_construction() -> None:
+    """parameter_sync_step samples per step, each batch_groups / parameter_sync_step groups: refused when that is not
+    whole admission units, at construction (it raised at the first sample, after a generation)."""
+    kw = {**KW, "group_size": 1, "dp_size": 8, "mini_batch_groups": 4, "batch_groups": 16}
+    with pytest.raises(ConfigError, match=r"parameter_sync_step=4.*admission units of 8"):
+        ConduitAdmissionBuffer("separate_async", {"parameter_sync_step": 4}, None, "drop", kw)
+    ConduitAdmissionBuffer("separate_async", {"parameter_sync_step": 2}, None, "drop", kw)
+
+
+def test_a_timeout_over_groups_short_of_group_size_names_them(tq_clean) -> None:
+    """A group_size above the rollout's n: every finished group is short, evicted and refilled until the timeout,
+    which says so (it named nothing)."""
+    for u in "ab":
+        put_group(tq_clean, u, 1, "finished", N)
+    buf = ConduitAdmissionBuffer("separate_async", {}, None, "drop", {**KW, "group_size": N + 1, "timeout_s": 1.0},
+                                 refill_fn=Refill(tq_clean))
+    with pytest.raises(TimeoutError, match=rf"evicted as failed or short of group_size={N + 1}.*rollout's n"):
+        buf.sample(1, "train", 2)
+
+
+def test_sample_dumps_for_verls_rollout_skip_as_verls_own_sample(tq_clean) -> None:
+    """verl's ``skip.rollout_tq`` dumps each sampled batch through the decorator on its ``sample``: Conduit's has it."""
+    from verl.utils.skip.skip_manager import SkipManager
+
+    class Recorder:  # verl's RolloutTqSkip, recording what it would dump
+        steps = (1,)
+
+        def __init__(self) -> None:
+            self.saved: list[tuple[int, int]] = []
+
+        def is_enabled(self) -> bool:
+            return True
+
+        def should_save(self, step: int, partition_id: str = "train") -> bool:
+            return True
+
+        def prepare_data(self, step: int, batch: Any, global_steps: int) -> None:
+            self.saved.append((step, len(batch.keys)))
+
+    saved = []
+    kept = SkipManager.skip_instances, SkipManager.step
+    try:
+        for make in (lambda: ReplayBufferAsync("separate_async", {}, None, "drop", {}, poll_interval=0.01),
+                     lambda: ConduitAdmissionBuffer("separate_async", {}, None, "drop",
+                                                    {**KW, "dp_size": 1, "batch_groups": 2})):
+            wipe(tq_clean)
+            recorder = Recorder()
+            SkipManager.skip_instances, SkipManager.step = {"rollout_tq": recorder}, 1
+            for u in "ab":
+                put_group(tq_clean, u, 1, "finished", N)
+            make().sample(1, "train", 2)
+            saved.append(recorder.saved)
+    finally:
+        SkipManager.skip_instances, SkipManager.step = kept
+    assert saved[0] == saved[1] == [(1, 2 * N)]
 
 
 # -- 4. sync stays on-policy: what verl's trainer does with what ``sample`` returns -------------------------------

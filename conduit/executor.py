@@ -85,8 +85,8 @@ def serial_kernels() -> bool:
     return getattr(_local, "serial", False)
 
 
-def one_intra_op_thread() -> bool:
-    """Give the calling thread an OpenMP team of one; True when ATen confirms it.
+def one_intra_op_thread(threads: int = 1) -> bool:
+    """Give the calling thread an OpenMP team of one (or of ``threads``); True when ATen confirms it.
 
     ``omp_set_num_threads`` sets the calling thread's own ICV. Not
     ``torch.set_num_threads(1)``: besides that ICV it stores a process-wide
@@ -96,10 +96,10 @@ def one_intra_op_thread() -> bool:
     """
     torch.get_num_threads()  # ATen sets a thread's team from its process-wide default on first use: let it go first
     try:
-        ctypes.CDLL(None).omp_set_num_threads(1)
+        ctypes.CDLL(None).omp_set_num_threads(threads)
     except Exception:  # no OpenMP symbol in the process (or no dlopen(NULL)): the caller chunks instead
         return False
-    return torch.get_num_threads() == 1
+    return torch.get_num_threads() == threads
 
 
 def process_alive(pid: int) -> bool:
@@ -247,13 +247,15 @@ class Worker:
 
 class Lane:
     """One daemon thread that runs submitted calls one at a time, in submission order (a Conduit worker: torch
-    ops on it keep to one OpenMP thread where :func:`serial_kernels` says so).
+    ops on it keep to one OpenMP thread where :func:`serial_kernels` says so, or to ``threads``: a framework's own
+    logic run on a lane keeps its caller's team, so its reductions give the caller's bits).
 
     A daemon, unlike :class:`concurrent.futures.ThreadPoolExecutor`'s threads, so that a call blocked in a
     collective whose peers are gone (it ends at its own timeout) never holds up the interpreter's exit.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, threads: int = 1) -> None:
+        self._threads = threads
         self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = (
             queue.SimpleQueue()
         )
@@ -276,7 +278,8 @@ class Lane:
 
     def _run(self) -> None:
         _local.worker = True
-        _local.serial = not one_intra_op_thread()
+        limited = one_intra_op_thread(self._threads)
+        _local.serial = not limited and self._threads == 1
         while (item := self._calls.get()) is not None:
             future, fn, args = item
             if future.set_running_or_notify_cancel():

@@ -31,6 +31,8 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from conduit.executor import Lane
 from conduit.operators import FnOperator, Graph, OperatorKind, Packet
 from conduit.trace import Tracer
@@ -159,9 +161,11 @@ class StageRunner:
         return g
 
     def lane(self, group: str) -> Lane:
+        """The group's lane; its OpenMP team is the caller's (a stage is the framework's code, as it runs serially:
+        its driver-side reductions, a metric's mean say, then give the same bits as on the caller's thread)."""
         lane = self.lanes.get(group)
         if lane is None:
-            lane = self.lanes[group] = Lane(f"{self.prefix}-{group}")
+            lane = self.lanes[group] = Lane(f"{self.prefix}-{group}", threads=torch.get_num_threads())
         return lane
 
     def run(

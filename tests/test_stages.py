@@ -185,6 +185,27 @@ def test_a_wave_runs_at_once_on_its_groups_lanes_and_a_consumer_starts_after_its
         runner.run(stages, the_plan, profile)
 
 
+def test_a_stage_on_a_lane_runs_with_its_callers_openmp_team_and_reduces_to_the_callers_bits() -> None:
+    """A stage is the framework's own code: on a lane it keeps the caller's intra-op team, so a driver-side
+    reduction (verl's entropy metric, a mean over a large batch) gives the bits it gives run serially."""
+    import torch
+
+    x = torch.randn(512, 4096, generator=torch.Generator().manual_seed(0), dtype=torch.float32)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        serial = x.mean().item(), torch.get_num_threads()
+        stages = [Stage(n, n, (), lambda: (x.mean().item(), torch.get_num_threads())) for n in ("old", "ref")]
+        runner = StageRunner()
+        try:
+            outputs, _ = runner.run(stages, Plan((("old", "ref"),), 0.0, 0.0), StageProfile())
+        finally:
+            runner.close()
+    finally:
+        torch.set_num_threads(before)
+    assert outputs == {"old": serial, "ref": serial}
+
+
 def test_two_stages_of_one_group_in_one_wave_are_refused() -> None:
     stages = graph(("a", "actor", ()), ("b", "actor", ()))
     runner = StageRunner()

@@ -15,6 +15,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,27 @@ def _outcome(fn: Any) -> str:
     except Exception as e:  # the name is what the test checks
         return type(e).__name__
     return "accepted"
+
+
+def _scenario(out: dict[str, Any], key: str, edp: cd.Conduit, rank: int, world: int,
+              body: Callable[[], dict[str, Any]]) -> None:
+    """``out[key]``: every rank's result of ``body`` (or the error it raised), ``edp`` closed after it."""
+    try:
+        mine = body()
+    except Exception as e:
+        mine = {"error": f"{type(e).__name__}: {e}"}
+    edp.close()
+    out[key] = edp_gather(rank, world, mine)
+
+
+def _priorities(edp: cd.Conduit, new_from: int = 0, max_digits: int = 6) -> dict[str, Any]:
+    """The distinct priority leaves of the shard's rows (those whose ``tid % 1000`` is at least ``new_from``) and
+    its max priority, rounded."""
+    buf = edp.shard.buffer
+    slots, rows = stored_in_order(buf.state_dict())[:2]
+    leaves, top = buf.priorities_at(slots)
+    leaves = leaves[rows["tid"].numpy() % 1000 >= new_from]
+    return {"leaves": sorted({round(float(v), 6) for v in leaves}), "max": round(top, max_digits)}
 
 
 def _tids(edp: cd.Conduit) -> list[int]:
@@ -244,11 +266,7 @@ def learner_side(rank: int, world: int) -> dict[str, Any]:
         edp.sync()
         edp.push(good(rank, 1))
         edp.pull()  # its sync lifts the new rows before it draws
-        buf = edp.shard.buffer
-        slots, rows = stored_in_order(buf.state_dict())[:2]
-        leaves, top = buf.priorities_at(slots)
-        new = leaves[rows["tid"].numpy() % 1000 >= 4]
-        mine = {"leaves": sorted({round(float(v), 6) for v in new}), "max": round(top, 3)}
+        mine = _priorities(edp, new_from=4, max_digits=3)
     except Exception as e:
         mine = {"error": f"{type(e).__name__}: {e}"}
     edp.close()
@@ -256,63 +274,57 @@ def learner_side(rank: int, world: int) -> dict[str, Any]:
 
     edp = cd.Conduit(policy="off_policy", train_batch_size=8, capacity=16 * world, seed=3, timeout_s=30,
                      sampler="prioritized")
-    try:  # rank 0 feeds back 50 for rows every shard has overwritten since the draw: each shard drops the update
-        edp.push(good(rank, 0, n=16))  # (as one process drops it), so the group's max stays 1 and so do new rows
-        b = edp.pull()
+
+    def stale_update() -> dict[str, Any]:  # rank 0 feeds back 50 for rows every shard has overwritten since the
+        edp.push(good(rank, 0, n=16))  # draw: each shard drops the update (as one process drops it), so the
+        b = edp.pull()                 # group's max stays 1 and so do new rows
         edp.push(good(rank, 1, n=16))
         if rank == 0:
             edp.update_priorities(b, np.full(len(b.owners), 50.0))
         edp.sync()
         edp.push(good(rank, 2, n=1))
         edp.pull()
-        buf = edp.shard.buffer
-        leaves, top = buf.priorities_at(stored_in_order(buf.state_dict())[0])
-        mine = {"leaves": sorted({round(float(v), 6) for v in leaves}), "max": round(top, 6)}
-    except Exception as e:
-        mine = {"error": f"{type(e).__name__}: {e}"}
-    edp.close()
-    out["stale_update"] = edp_gather(rank, world, mine)
+        return _priorities(edp)
 
-    edp = cd.Conduit(policy="off_policy", train_batch_size=4, capacity=64 * world, seed=4, timeout_s=30,
-                     sampler="prioritized", routing="round_robin")
-    try:  # after close, every push and priority update raises RuntimeClosed, routed or not, and counts nothing
-        edp.push(good(rank, 0))
-        edp.push(good(rank, 1))
-        b = edp.pull()
-        before = edp.counters()
-        edp.close()
-        mine = {"push": [_outcome(lambda k=k: edp.push(good(rank, k))) for k in (2, 3)],
-                "update": _outcome(lambda: edp.update_priorities(b, np.ones(len(b.owners)))),
-                "counts_kept": before == edp.counters()}
-    except Exception as e:
-        mine = {"error": f"{type(e).__name__}: {e}"}
-    edp.close()
-    out["after_close"] = edp_gather(rank, world, mine)
+    _scenario(out, "stale_update", edp, rank, world, stale_update)
 
-    edp = cd.Conduit(policy="off_policy", train_batch_size=2, capacity=64 * world, seed=1, timeout_s=5,
-                     routing="round_robin")
+    closing = cd.Conduit(policy="off_policy", train_batch_size=4, capacity=64 * world, seed=4, timeout_s=30,
+                         sampler="prioritized", routing="round_robin")
 
-    @edp.register_ingestion()
+    def after_close() -> dict[str, Any]:  # every push and priority update raises, routed or not, counting nothing
+        closing.push(good(rank, 0))
+        closing.push(good(rank, 1))
+        b = closing.pull()
+        before = closing.counters()
+        closing.close()
+        return {"push": [_outcome(lambda k=k: closing.push(good(rank, k))) for k in (2, 3)],
+                "update": _outcome(lambda: closing.update_priorities(b, np.ones(len(b.owners)))),
+                "counts_kept": before == closing.counters()}
+
+    _scenario(out, "after_close", closing, rank, world, after_close)
+
+    hooked = cd.Conduit(policy="off_policy", train_batch_size=2, capacity=64 * world, seed=1, timeout_s=5,
+                        routing="round_robin")
+
+    @hooked.register_ingestion()
     def picky(actor_in: Any, exp_out: Any) -> None:  # refuses every unit rank 1 pushed that was routed elsewhere
         data = actor_in.read()
         if int(data["tid"][0]) // 1000 == 1 and rank != 1:
             raise ValueError("picky refuses rank 1's units")
         exp_out.write(data)
 
-    mine = {}
-    try:  # the hook fails where a routed unit lands: every rank raises HookFailed at the sync, naming it, latched
-        mine["pushes"] = _outcome(lambda: [edp.push(good(rank, k)) for k in range(4)])
-        try:
-            edp.pull()
+    def routed_hook_fails() -> dict[str, Any]:  # the hook fails where a routed unit lands: every rank raises
+        mine = {"pushes": _outcome(lambda: [hooked.push(good(rank, k)) for k in range(4)])}  # HookFailed at the
+        try:                                                                                 # sync, naming it,
+            hooked.pull()                                                                    # latched
             mine["pull"] = "accepted"
         except Exception as e:
             mine["pull"] = type(e).__name__
             mine["named"] = "picky refuses rank 1's units" in str(e) and "routed" in str(e)
-        mine["again"] = _outcome(edp.pull)
-    except Exception as e:
-        mine = {"error": f"{type(e).__name__}: {e}"}
-    edp.close()
-    out["routed_hook_fails"] = edp_gather(rank, world, mine)
+        mine["again"] = _outcome(hooked.pull)
+        return mine
+
+    _scenario(out, "routed_hook_fails", hooked, rank, world, routed_hook_fails)
 
     edp = cd.Conduit(policy="off_policy", train_batch_size=4, capacity=64 * world, seed=4, timeout_s=30,
                      sampling="local")

@@ -56,20 +56,22 @@ def _none_ancestor(name: str, flat: Mapping[str, Any]) -> bool:
 
 
 def unify_records(flats: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The leaf names of samples that may differ only where a nested field is ``None`` in some of them.
+    """The leaf names of samples laid out as the first one, which may differ where a nested field is ``None``.
 
     An actor's sample leaves a whole record ``None`` (``info``, ``policy_state``) at steps
     where others hold it; an aggregation then fills zeros of the others' shapes. The
-    union keeps the most detailed form: a ``None`` name is replaced by its children.
-    Other differences raise ``SpecError`` naming them.
+    first sample's fields name the result (as SRL's aggregation takes them), in their most
+    detailed form: a ``None`` name is replaced by the children others have there. A field
+    only later samples have is left out; one a later sample lacks raises ``SpecError``.
     """
     first = tuple(flats[0])
     if all(tuple(f) == first for f in flats[1:]):  # the common case: every sample has the same fields
         return list(first)
+    holes = [k for k in first if flats[0][k] is None]  # where the first sample left a record None
     names: list[str] = []
     for flat in flats:
         for k in flat:
-            if k not in names:
+            if k not in names and (k in flats[0] or any(k.startswith(h + ".") for h in holes)):
                 names.append(k)
     names = [k for k in names if not any(o.startswith(k + ".") for o in names)]
     for flat in flats:
@@ -184,8 +186,10 @@ class RecordLayout:
         """``sample``'s leaves by dotted name, checked against this layout (``SpecError`` naming the difference).
 
         As a storage laid out from the first sample does (SRL's replay storage): a leaf that is
-        ``None`` here but stored (or under a ``None`` record) is written as zeros; a leaf the
-        first sample had as ``None`` is not stored, so an array there is dropped.
+        ``None`` here but stored (or under a ``None`` record) is written as zeros; a leaf (or
+        record) the first sample had as ``None`` is not stored, so what is there later is
+        dropped; an array of another dtype, or of a shape that broadcasts to the stored one, is
+        written as numpy's assignment writes it (cast, broadcast).
         """
         flat = dict(flatten_record(sample))
         if tuple(flat) != self.names:
@@ -196,7 +200,7 @@ class RecordLayout:
                 and not any(k.startswith(n + ".") for n in self.none)  # under a record the first left None
                 and not (flat[k] is None and any(n.startswith(k + ".") for n in known))  # a record left None
             )
-            missing = [k for k in self.names if k not in flat and not _none_ancestor(k, flat)]
+            missing = [k for k in self.names if k not in flat and k not in self.none and not _none_ancestor(k, flat)]
             if missing or extra:
                 raise SpecError(
                     f"a sample's fields differ from the stream's first: missing {missing}, extra {extra}"
@@ -211,8 +215,24 @@ class RecordLayout:
                 shape, dtype = shapes.get(k, ((self.length,), np.float32))
                 out[k] = torch.zeros(shape, dtype=dtype) if isinstance(dtype, torch.dtype) else np.zeros(shape, dtype)
             else:
-                out[k] = v
+                out[k] = self._conformed(k, v)
         return out
+
+    def _conformed(self, name: str, v: Any) -> Any:
+        """An array as the stored leaf ``name`` holds it (numpy's assignment: cast, broadcast over one time axis)."""
+        if type(v) is not np.ndarray:
+            return v
+        shape, dtype = getattr(self, "shapes", {}).get(name, (None, None))
+        if not isinstance(dtype, np.dtype) or (v.dtype == dtype and v.shape == shape):
+            return v
+        if v.dtype != dtype and v.dtype.kind in "biufc":
+            v = v.astype(dtype)
+        if v.shape != shape and v.ndim == len(shape) and v.shape[:1] == shape[:1]:
+            try:
+                v = np.broadcast_to(v, shape)
+            except ValueError:
+                raise SpecError(f"field {name!r}: shape {v.shape} does not broadcast to the stored {shape}") from None
+        return v
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps: plain values, so it loads whatever module this class lives in."""
@@ -273,6 +293,8 @@ def _stack_general(
             continue
         if len(present) < len(vals):  # the samples missing a field get zeros of its shape
             vals = [np.zeros_like(present[0]) if v is None else v for v in vals]
+        vals = [v.astype(v.dtype.newbyteorder("=")) if type(v) is np.ndarray and not v.dtype.isnative else v
+                for v in vals]  # (torch reads native byte order only)
         if _same_numeric(vals) or all(is_numeric_leaf(v) for v in vals):
             numeric[k] = vals
         else:
@@ -331,7 +353,7 @@ def _uniform_columns(samples: Sequence[Any]) -> tuple[list[str], dict[str, list[
             continue
         if kinds != {np.ndarray} or len(set(map(_DTYPE, col))) != 1 or len(set(map(_SHAPE, col))) != 1:
             return None
-        if col[0].dtype.kind not in "biufc" or col[0].ndim < 1:
+        if col[0].dtype.kind not in "biufc" or col[0].ndim < 1 or not col[0].dtype.isnative:
             return None
     return names, columns
 
@@ -378,8 +400,10 @@ def _time_major_shape(vals: list[Any]) -> tuple[tuple[int, ...], torch.dtype]:
         raise SpecError("every array of a sequence sample has a time axis (axis 0)")
     dtype = first.dtype
     if not _same_numeric(vals):
-        if all(isinstance(v, np.ndarray) for v in vals):
-            dtype = torch.from_numpy(np.empty(0, np.result_type(*(v.dtype for v in vals)))).dtype
-        else:
+        dtypes = [v.dtype if isinstance(v, np.ndarray) else torch.as_tensor(v).dtype for v in vals]
+        if torch.bfloat16 in dtypes:  # (no numpy dtype: torch's promotion)
             dtype = functools.reduce(torch.promote_types, (torch.as_tensor(v).dtype for v in vals))
+        else:  # numpy's promotion, tensors among them (as np.stack would promote their arrays)
+            as_np = [d if isinstance(d, np.dtype) else torch.empty(0, dtype=d).numpy().dtype for d in dtypes]
+            dtype = torch.from_numpy(np.empty(0, np.result_type(*as_np))).dtype
     return (int(first.shape[0]), len(vals), *first.shape[1:]), dtype

@@ -77,10 +77,11 @@ def test_samples_stack_time_major_into_the_memory_handed_out_and_a_record_left_n
 
     samples = [_sample(4, step) for step in range(3)]
     samples[1]["obs"] = None  # a whole record left None in one sample
-    samples[2]["tag"] = np.array(["a"] * 4)  # a field some samples lack is refused by name
-    with pytest.raises(SpecError, match="tag"):
+    del samples[2]["action"]  # a field the first sample has and a later one lacks is refused by name
+    with pytest.raises(SpecError, match="action"):
         stack_time_major(samples, take)
-    del samples[2]["tag"]
+    samples[2]["action"] = np.full((4,), 2, np.int64)
+    samples[2]["tag"] = np.array(["a"] * 4)  # one only a later sample has: left out, as SRL's aggregation does
     names, leaves, blocks = stack_time_major(samples, take)
     assert names == ["obs.pixels", "obs.state.pos", "action", "info"] and leaves == {"info": None}
     assert taken["obs.pixels"] == ((4, 3, 3), torch.float32) and blocks["action"].shape == (4, 3)

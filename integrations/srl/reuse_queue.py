@@ -63,12 +63,14 @@ class ConduitQueueBuffer:
         learner_device: str = "cpu",
         srl_types: SRLTypes | None = None,
     ) -> None:
-        if not isinstance(max_size, (int, float)) or max_size < 1:
+        if not isinstance(max_size, (int, float, np.integer, np.floating)) or max_size < 1:
             raise ConfigError(f"max_size: expected >= 1, got {max_size!r}")
-        if not isinstance(reuses, int) or reuses < 1:
+        if not isinstance(reuses, (int, np.integer)) or reuses < 1:
             raise ConfigError(f"reuses: expected an int >= 1, got {reuses!r}")
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 0):
+        if batch_size is not None and (not isinstance(batch_size, (int, np.integer)) or batch_size < 0):
             raise ConfigError(f"batch_size: expected an int >= 0 or None, got {batch_size!r}")
+        max_size, reuses = (int(max_size) if isinstance(max_size, np.integer) else max_size), int(reuses)
+        batch_size = int(batch_size) if batch_size is not None else None
         self.max_size, self.reuses, self.batch_size = max_size, reuses, batch_size
         self.learner_device = torch.device(learner_device)
         if self.learner_device.type == "cuda" and not torch.cuda.is_available():

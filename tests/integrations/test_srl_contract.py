@@ -24,6 +24,7 @@ from typing import ClassVar
 
 import numpy as np
 import pytest
+import torch
 from conduit.integrations import srl
 from conduit.integrations.srl.install import ORIGINAL
 from conduit.integrations.srl.locate import types_of
@@ -634,6 +635,66 @@ def test_a_none_leaf_in_a_nested_field_stays_none_and_an_array_there_later_is_dr
     r.put(with_ret(0, None))
     r.put(with_ret(1, np.ones((4, 1), np.float32)))  # the storage has no slot for it (laid out from the first)
     assert r.get().sample.analyzed_result.ret is None
+
+
+# -- what SRL's storage and stacking take: laid out from the first sample ------------------------------------------
+@pytest.mark.parametrize("name", ["conduit_replay", "conduit_prioritized"])
+def test_replay_drops_a_record_the_first_sample_left_none(made, module, name):
+    """SRL's ``SampleBatch`` leaves ``info`` None until an episode ends: the storage, laid out from the first
+    sample, has no slot for it, so a later sample's ``info`` record is dropped (it was refused with SpecError)."""
+    buf = made(name, max_size=4, batch_size=2, warmup_transitions=0, sample_length=4)
+    buf.put(_as_record(module, stub.actor_sample(0, info=False)))
+    buf.put(_as_record(module, stub.actor_sample(1)))
+    assert buf.get().sample.info is None
+
+
+@pytest.mark.parametrize("name", ["conduit_replay", "conduit_prioritized"])
+def test_replay_writes_later_samples_as_numpys_assignment_into_the_first_ones_layout(made, module, name):
+    """Another dtype is cast and a shape that broadcasts is broadcast, as SRL's storage writes a sample (a numpy
+    assignment); ``put_many`` casts each sample so before stacking its group (int64 with uint64 stacked to float64
+    and was refused)."""
+    named = _named_type(module)
+
+    def s(i, obs, done):
+        return named(obs=obs, done=done, policy_version_steps=np.full((4, 1), i, np.int64))
+
+    buf = made(name, max_size=4, batch_size=4, warmup_transitions=0, sample_length=4, seed=0)
+    buf.put(s(0, np.zeros((4, 3), np.float32), np.zeros((4, 1), bool)))
+    buf.put(s(1, np.full((4, 1), 1.0), np.ones((4, 1), np.int64)))
+    buf.put_many([s(2, np.full((4, 3), 2, np.int64), np.ones((4, 1), np.uint64)),
+                  s(3, np.full((4, 3), 3, np.float32), np.ones((4, 1), np.int64))])
+    got = buf.get().sample
+    assert got.obs.dtype == np.float32 and got.done.dtype == np.bool_ and got.obs.shape == (4, 4, 3)
+    for b, i in enumerate(got.policy_version_steps[0, :, 0]):
+        assert (got.obs[:, b] == i).all() and bool(got.done[:, b].all()) == (i > 0)
+
+
+def _stacked_alike(module, made, xs):
+    """What SRL's queue (``module``'s) and ``conduit_queue`` hand back for one entry of ``xs``: (fields, values)."""
+    ref = module.PriorityQueueBuffer(max_size=4, reuses=1, batch_size=len(xs))
+    buf = made("conduit_queue", max_size=np.int64(4), reuses=np.int64(1), batch_size=np.int64(len(xs)))
+    for x in xs:
+        ref.put(x)
+        buf.put(x)
+    return [[(k, None if v is None else (np.asarray(v).dtype.newbyteorder("="), np.asarray(v).tolist()))
+             for k, v in sorted(flatten(b.get().sample))] for b in (ref, buf)]
+
+
+def test_queue_takes_what_srls_stacking_takes(made, module):
+    """A field only a later sample has is left out (SRL's aggregation takes the first sample's fields); numpy
+    arrays and tensors promote as ``np.stack`` promotes them; arrays of another byte order stack; numpy integers
+    configure the queue (each was refused)."""
+    named = _named_type(module)
+    first = named(v=np.zeros((3, 1), np.float32), info=named(a=np.zeros((3, 1), np.float32)))
+    later = named(v=np.ones((3, 1), np.float32), info=named(a=np.ones((3, 1), np.float32), b=np.ones((3, 1))))
+    want, got = _stacked_alike(module, made, [first, later])
+    assert got == want and [k for k, _ in got] == ["info.a", "v"]
+    want, got = _stacked_alike(module, made, [named(v=np.full((3, 1), 7, np.int64)),
+                                              named(v=torch.full((3, 1), 0.5, dtype=torch.float32))])
+    assert got == want and got[0][1][0] == np.float64
+    swapped = [named(v=np.full((3, 2), i, np.dtype(">f4"))) for i in range(2)]
+    want, got = _stacked_alike(module, made, swapped)
+    assert got == want
 
 
 # -- PER: max_priority, duplicate draws ------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ import torch
 from conduit import checkpoint as core_checkpoint
 from conduit.core import SamplerKind
 from conduit.distributed.options import Sampling
-from conduit.errors import CheckpointError
+from conduit.errors import CheckpointError, SemanticsError
 from conduit.executor import process_alive
 from conduit.placement.records import largest_remainder
 from conduit.snapshot import stored_in_order
@@ -99,6 +99,9 @@ def _remove_dead_temporaries(target: Path) -> None:
 
 def save(edp: DistributedConduit, path: str | Path) -> Path:
     """Collective: see the module docstring. Returns ``path`` on every rank."""
+    if edp.on_policy is not None and edp.on_policy.delivering():  # alike on every rank: they iterate in step
+        raise SemanticsError("an on-policy runtime is checkpointed between iterations; this one's mini-batches "
+                             "are still being handed out")
     edp.sync()  # routed units and priority updates land first: nothing is in flight in a checkpoint
     target = Path(path).resolve()
     name = f".{target.name}.dtmp-{os.getpid()}-{_HOST}-{uuid.uuid4().hex[:10]}"
@@ -131,6 +134,7 @@ def _save(edp: DistributedConduit, target: Path, tmp: Path) -> None:
             core_checkpoint.save(where, {"policy": "on_policy"}, {"onpolicy": state})
             rows = state["rows"]
             report["rows"] = int(next(iter(rows.values())).shape[0]) if rows else 0
+            report["iteration"] = int(state["iteration"])
         report["counts"] = edp.counters()
         report["rate_pushed"] = edp.rate.pushed if edp.rate is not None else 0
         report["ahead"] = len(edp.delivery.staged[0]) if edp.delivery is not None else 0
@@ -168,6 +172,7 @@ def _commit(edp: DistributedConduit, target: Path, tmp: Path, reports: list[dict
         "shards": [_shard_dir(r) for r in range(edp.world)], "counts": totals,
         "shared_rng": edp.shared_rng.bit_generator.state,
         "rate": _rate_counts(edp, reports), "deliveries": [r.get("delivery") for r in reports],
+        "iteration": reports[0].get("iteration", 0),  # on-policy: the next iteration's number
     }
     core_checkpoint.commit(tmp, target, doc)
 
@@ -299,6 +304,8 @@ def _apply(edp: DistributedConduit, p: Path, doc: dict[str, Any], staged: dict[s
             edp.shard.restore(staged["where"])
     else:
         _load_rows(edp, staged["rows"])
+    if edp.on_policy is not None:
+        edp.on_policy.iteration = int(doc.get("iteration", 0))
     edp.restored = True
     ahead = staged.get("ahead")
     if edp.delivery is not None:  # made at start: the rows loaded are not new, its batches drawn ahead come back

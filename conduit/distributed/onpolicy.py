@@ -1,7 +1,8 @@
 """On-policy across ranks: each learner gets its data-parallel share of every mini-batch of the iteration.
 
 Each rank keeps the units its actors pushed since the last iteration (the
-ingestion hook runs at push, as on one runtime). ``minibatches()`` is collective:
+ingestion hook runs at push, as on one runtime; its failure is latched on the rank, as one runtime
+latches it). ``minibatches()`` is collective, at the call:
 it seals the iteration on every rank at once (units pushed after it belong to the
 next, so no iteration mixes with another: on-policy freshness), the ranks
 exchange their row counts, and every rank computes the same plan
@@ -14,7 +15,9 @@ of what it received, in plan order. A part leaves by the core's delivery path
 source), so the delivery hook, ``BatchInfo`` and the pull's checks are one process's.
 
 Every learner must iterate every mini-batch of an iteration (the exchanges are
-collective); one that stops early leaves the others to time out, naming it.
+collective); one that stops early leaves the others to time out (``RankFailed``). An iteration
+of fewer rows than ``num_minibatches`` x learners is refused on every rank alike, its rows kept
+for the next call; a checkpoint is taken between iterations, as on one runtime.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from conduit.batch import Batch, DrawnRows
 from conduit.core import Mode
 from conduit.distributed.exchange import RowLayout
 from conduit.distributed.sampling import on_policy_plan
-from conduit.errors import SemanticsError
+from conduit.errors import HookFailed, SemanticsError
 from conduit.hooks import HookKind
 from conduit.operators import HookOperator, Packet
 from conduit.paths.delivery import Claim, DeliveryPath, HookFn
@@ -57,16 +60,19 @@ class OnPolicyShare:
         self.pushed_rows = 0
         self.path: GroupMinibatches | None = None  # made at the first iteration
 
-    def push(self, data: Data) -> None:
+    def push(self, data: Data) -> int:
         """Run the ingestion hook and keep what it writes for the open iteration (all-or-nothing), every unit
-        checked against the group's one spec (:mod:`conduit.distributed.admission`)."""
+        checked against the group's one spec (:mod:`conduit.distributed.admission`); returns the rows pushed."""
         spec = self.owner.registry.get(HookKind.INGESTION)
         agreement = self.owner.agreement
         tensors = agreement.check(data, hooked=spec is not None)
         if spec is None:
             items = [tensors]
-        else:  # the hook as one process runs it: its checks (no attachments) and HookFailed
-            items = HookOperator("hook", spec.fn, "Actor", "ExperienceBuffer").run(Packet([tensors])).parts
+        else:  # the hook as one process runs it: its checks (no attachments) and HookFailed, latched
+            try:
+                items = HookOperator("hook", spec.fn, "Actor", "ExperienceBuffer").run(Packet([tensors])).parts
+            except HookFailed as e:
+                raise self.owner.group.failure.set("ingestion", e) from None
         with self._lock:
             checked = []
             for item in items:
@@ -75,6 +81,7 @@ class OnPolicyShare:
                 checked.append({k: v.clone() for k, v in self.spec.validate(item).items()})
             self._units += checked
             self.pushed_rows += rows_of(tensors)
+        return rows_of(tensors)
 
     def _seal(self) -> dict[str, torch.Tensor]:
         with self._lock:
@@ -85,9 +92,10 @@ class OnPolicyShare:
         return {k: torch.cat([u[k] for u in units]) for k in units[0]}
 
     def minibatches(self, timeout: float | None = None) -> Iterator[Batch]:
-        """Collective: this learner's part of every mini-batch of every epoch of the iteration pushed so far,
-        pulled through the rank's delivery path (:class:`GroupMinibatches`; ``timeout``: each pull's, the
-        config's by default; every collective is bounded by the group's)."""
+        """Collective, at the call: seal the iteration pushed so far on every rank; returns this learner's part
+        of every mini-batch of every epoch of it, pulled through the rank's delivery path
+        (:class:`GroupMinibatches`; ``timeout``: each pull's, the config's by default; every collective is bounded
+        by the group's)."""
         owner, group = self.owner, self.owner.group
         group.check()
         store = self._seal()
@@ -100,14 +108,38 @@ class OnPolicyShare:
             self.spec = owner.spec
         if int(counts.sum()) == 0:
             raise SemanticsError("minibatches(): no rank pushed any rows for this iteration")
+        need = owner.config.num_minibatches * group.world
+        if int(counts.sum()) < need:  # decided alike on every rank (the gathered counts); the rows stay
+            if store:
+                with self._lock:
+                    self._units.insert(0, store)
+            raise SemanticsError(
+                f"minibatches(): iteration {self.iteration} holds {int(counts.sum())} rows over the ranks, fewer "
+                f"than num_minibatches x learners = {need}; push more before sealing (the rows stay for the next "
+                "call)"
+            )
         assert self.spec is not None
         if not store:
             store = {f.name: torch.empty((0, *f.shape), dtype=f.dtype) for f in self.spec}
         path = self._path()
         path.begin(self.iteration, store, counts)
         self.iteration += 1
+        return self._parts(path, timeout)
+
+    def _parts(self, path: GroupMinibatches, timeout: float | None) -> Iterator[Batch]:
         for _ in range(path.per_iteration):
-            yield path.pull(0, timeout)
+            b = path.pull(0, timeout)
+            yield Batch(dict(b.items()), b.info._replace(learner=self.owner.rank))
+
+    @property
+    def open_rows(self) -> int:
+        """Rows pushed on this rank for the iteration not yet sealed."""
+        with self._lock:
+            return sum(rows_of(u) for u in self._units)
+
+    def delivering(self) -> bool:
+        """Whether an iteration's mini-batches are still being handed out."""
+        return self.path is not None and self.path.open
 
     def _path(self) -> GroupMinibatches:
         """The rank's on-policy delivery path, made at the first iteration with the registered delivery hook."""
@@ -154,6 +186,11 @@ class GroupMinibatches(DeliveryPath):
         self._plan: list[list[Any]] = []  # the open epoch's parts, per learner
         self._rows: dict[str, torch.Tensor] = {}  # this learner's rows of the open epoch, in plan order
         self._positions = np.zeros(0, dtype=np.int64)  # and their positions in the iteration
+
+    @property
+    def open(self) -> bool:
+        """Whether an iteration's mini-batches are still being handed out."""
+        return self._next < self.per_iteration
 
     def begin(self, iteration: int, store: dict[str, torch.Tensor], counts: np.ndarray) -> None:
         """Open ``iteration``: this rank's sealed rows and every rank's row count (the collective's)."""

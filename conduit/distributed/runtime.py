@@ -60,7 +60,7 @@ import logging
 import math
 import threading
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -223,7 +223,10 @@ class DistributedConduit:
         stored (:mod:`conduit.distributed.admission`)."""
         self.group.check()
         if self.on_policy is not None:
-            self.on_policy.push(data)
+            n = self.on_policy.push(data)
+            with self._lock:  # (on-policy units stay on this rank: pushed is ingested)
+                self._counts["pushed"] += n
+                self._counts["ingested"] += n
             return
         assert self.shard is not None
         unit, n = self._checked(data)
@@ -341,7 +344,10 @@ class DistributedConduit:
 
     def ready(self) -> bool:
         """Collective under global sampling: whether a pull can be served now (a batch drawn ahead, or enough
-        rows over the group and, under ``rate_limit``, inserts enough for the next exchange's draw)."""
+        rows over the group and, under ``rate_limit``, inserts enough for the next exchange's draw). On-policy (not
+        collective): whether this rank holds rows for an iteration, or one is being handed out."""
+        if self.on_policy is not None:
+            return self.on_policy.open_rows > 0 or self.on_policy.delivering()
         if self.sampling is Sampling.LOCAL and self.shard is not None:
             self.start()
             assert self.shard.buffer is not None
@@ -406,11 +412,14 @@ class DistributedConduit:
             return self.on_policy.spec
         return self.agreement.spec
 
-    def actor_channel(self, maxsize: int = 8, context: str = "spawn") -> Any:
-        """A channel actor processes push through into this rank (routing applies to what they push)."""
+    def actor_channel(self, maxsize: int = 8, context: str = "spawn", *,
+                      on_actor_lost: Callable[[Any], None] | None = None) -> Any:
+        """A channel actor processes push through into this rank (routing applies to what they push), as one
+        process's :meth:`conduit.Conduit.actor_channel`."""
         from conduit.remote import ActorChannel
 
-        channel = ActorChannel(self.push, self.group.failure, maxsize, self.config.timeout_s, context)
+        channel = ActorChannel(self.push, self.group.failure, maxsize, self.config.timeout_s, context,
+                               on_actor_lost=on_actor_lost)
         self._channels.append(channel)
         return channel
 

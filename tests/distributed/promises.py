@@ -563,3 +563,59 @@ def run_stalled_save(root: Path) -> dict[str, Any]:
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(1, world)
                if (out / f"rank{r}.json").exists()]
     return {"reports": reports, "left": leftovers(ck), "ck": ck, "world": world, "timeout": STALL_TIMEOUT}
+
+
+def on_policy_promises(rank: int, world: int, ck: str) -> dict[str, Any]:
+    """On-policy across ranks, as one process: ``ready()`` says whether rows wait; an iteration too small for its
+    mini-batches is refused on every rank with its rows kept; ``minibatches()`` seals at the call; each batch names
+    its learner; the counters count; a checkpoint is refused mid-iteration and restores the iteration number; a
+    failed ingestion hook is latched; ``actor_channel`` takes ``on_actor_lost``."""
+    kw = dict(policy="on_policy", train_batch_size=8 * world, num_minibatches=2, num_epochs=1, num_learners=world,
+              seed=5, timeout_s=20)
+    out: dict[str, Any] = {}
+    edp = cd.Conduit(**kw)
+
+    def iterate() -> dict[str, Any]:
+        mine: dict[str, Any] = {"ready_before": edp.ready()}
+        edp.push(good(rank, 0, n=1))  # 1 row a rank: fewer than 2 mini-batches x world learners
+        mine["ready_after"] = edp.ready()
+        mine["too_few"] = _outcome(edp.minibatches)
+        edp.push(good(rank, 1, n=3))
+        parts = edp.minibatches()  # sealed here: what is pushed next belongs to the next iteration
+        edp.push(good(rank, 2, n=4))
+        first = next(parts)
+        mine["save_mid"] = _outcome(lambda: edp.save(f"{ck}-onpolicy"))
+        batches = [first, *parts]
+        tids = sorted(t for b in edp.group.gather_object([b["tid"].tolist() for b in batches], "t") for p in b
+                      for t in p)
+        mine["iteration0"] = tids == sorted(r * 1000 + i for r in range(world) for i in (0, 3, 4, 5))
+        mine["info"] = sorted({(b.info.iteration, b.info.learner) for b in batches})
+        mine["pushed"] = list(edp.stats().pushed_rows)
+        edp.save(f"{ck}-onpolicy")
+        edp.actor_channel(on_actor_lost=lambda loss: None).close()
+        return mine
+
+    _scenario(out, "iterate", edp, rank, world, iterate)
+    again = cd.Conduit(**kw)
+
+    def restored() -> dict[str, Any]:
+        again.restore(f"{ck}-onpolicy")
+        batches = list(again.minibatches())  # the rows pushed after the last seal: iteration 1
+        return {"iterations": sorted({b.info.iteration for b in batches}),
+                "rows": sum(len(b["tid"]) for b in batches)}
+
+    _scenario(out, "restored", again, rank, world, restored)
+    hooked = cd.Conduit(**kw)
+
+    @hooked.register_ingestion()
+    def fails_once(actor_in: Any, exp_out: Any) -> None:
+        data = actor_in.read()
+        if int(data["tid"][0]) % 1000 == 4:
+            raise ValueError("the hook refuses unit 1")
+        exp_out.write(data)
+
+    def latched() -> dict[str, Any]:
+        return {"pushes": [_outcome(lambda k=k: hooked.push(good(rank, k))) for k in range(3)]}
+
+    _scenario(out, "hook_latched", hooked, rank, world, latched)
+    return out

@@ -377,6 +377,7 @@ def scenarios(rank: int, world: int, port: int, out: str, ck: str, mode: str) ->
     res["delivery_hooks"] = promises.delivery_hooks(rank, world)
     res["learner_side"] = promises.learner_side(rank, world)
     res["restore_ahead"] = promises.restore_ahead(rank, world, f"{ck}-ahead{world}")
+    res["on_policy_promises"] = promises.on_policy_promises(rank, world, f"{ck}-onpolicy{world}")
     if mode == "save":
         res["leftovers_before"] = promises.leftovers(ck)  # a save killed before this run left its temporary
         res["save"] = save_shards(rank, world, ck)

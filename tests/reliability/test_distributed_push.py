@@ -171,3 +171,20 @@ def test_a_restore_onto_the_same_ranks_hands_out_the_batches_drawn_ahead_first(w
     batches are the ones the saved run would have delivered, rows and importance weights alike."""
     res = worlds[world]["restore_ahead"]
     assert res["same"], res
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_on_policy_keeps_one_processs_promises(worlds, world):
+    """``ready()`` says whether rows wait; an iteration too small for its mini-batches is refused on every rank and
+    keeps its rows; ``minibatches()`` seals at the call; batches name their learner; the counters count; a
+    checkpoint mid-iteration is refused, one between iterations restores the iteration number; a failed ingestion
+    hook is latched (the rank's next push raises it again)."""
+    res = worlds[world]["on_policy_promises"]
+    for r, got in enumerate(res["iterate"]):
+        assert got == {"ready_before": False, "ready_after": True, "too_few": "SemanticsError",
+                       "save_mid": "SemanticsError", "iteration0": True, "info": [(0, r)],
+                       "pushed": [8] * world}, (r, got)
+    assert all(g["iterations"] == [1] for g in res["restored"]), res["restored"]  # the numbers go on
+    assert sum(g["rows"] for g in res["restored"]) == 4 * world, res["restored"]  # the rows after the last seal
+    for got in res["hook_latched"]:
+        assert got == {"pushes": ["accepted", "HookFailed", "HookFailed"]}, got

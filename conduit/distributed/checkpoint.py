@@ -125,9 +125,15 @@ def _save(edp: DistributedConduit, target: Path, tmp: Path) -> None:
             tmp.mkdir()
         edp.group.barrier("save (temporary directory)")
         where = tmp / _shard_dir(edp.rank)
+        # Pushes go on while a rank saves. What the checkpoint counts is read before its shard is: the rows a
+        # shard took by then (it holds at least those), and the units refused; a unit still in flight (a local
+        # push under way, a routed one not yet moved) is not in the checkpoint, so it is not counted pushed there
+        counts = edp.counters()
+        report["counts"] = {**counts, "pushed": counts["ingested"] + counts["refused"]}
+        report["rate_pushed"] = counts["ingested"] if edp.rate is not None else 0  # the rows inserted
         if edp.shard is not None:
-            edp.shard.save(where)
             report["rows"] = edp.shard.buffer.rows if edp.shard.buffer is not None else 0
+            edp.shard.save(where)
         else:
             assert edp.on_policy is not None
             state = edp.on_policy.state_dict()
@@ -135,8 +141,6 @@ def _save(edp: DistributedConduit, target: Path, tmp: Path) -> None:
             rows = state["rows"]
             report["rows"] = int(next(iter(rows.values())).shape[0]) if rows else 0
             report["iteration"] = int(state["iteration"])
-        report["counts"] = edp.counters()
-        report["rate_pushed"] = edp.rate.pushed if edp.rate is not None else 0
         report["ahead"] = len(edp.delivery.staged[0]) if edp.delivery is not None else 0
         if edp.delivery is not None:  # global sampling: the batches drawn ahead, for a restore onto these ranks
             name = _delivery_dir(edp.rank)

@@ -619,3 +619,32 @@ def on_policy_promises(rank: int, world: int, ck: str) -> dict[str, Any]:
 
     _scenario(out, "hook_latched", hooked, rank, world, latched)
     return out
+
+
+def save_under_pushes(rank: int, world: int, ck: str) -> dict[str, Any]:
+    """A checkpoint taken while an actor thread on every rank pushes (round-robin: units in flight between ranks):
+    restored, its counts still add up (what was in flight when it was taken is not in it, nor counted)."""
+    kw = dict(policy="off_policy", train_batch_size=4, capacity=4096 * world, seed=2, timeout_s=20,
+              routing="round_robin")
+    edp = cd.Conduit(**kw)
+    stop = threading.Event()
+
+    def actor() -> None:
+        deadline = time.monotonic() + 10
+        for k in range(20_000):
+            if stop.is_set() or time.monotonic() > deadline:
+                return
+            edp.push(good(rank, k % 200))
+
+    pusher = threading.Thread(target=actor, daemon=True)
+    pusher.start()
+    time.sleep(0.2)
+    edp.save(ck)
+    stop.set()
+    pusher.join(20)
+    edp.close()
+    again = cd.Conduit(**kw)
+    again.restore(ck)
+    st = again.stats()
+    again.close()
+    return {"exactly_once": st.exactly_once, "in_flight": sum(st.in_flight_rows), "rows": sum(st.shard_rows) > 0}

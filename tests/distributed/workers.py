@@ -378,6 +378,7 @@ def scenarios(rank: int, world: int, port: int, out: str, ck: str, mode: str) ->
     res["learner_side"] = promises.learner_side(rank, world)
     res["restore_ahead"] = promises.restore_ahead(rank, world, f"{ck}-ahead{world}")
     res["on_policy_promises"] = promises.on_policy_promises(rank, world, f"{ck}-onpolicy{world}")
+    res["save_under_pushes"] = promises.save_under_pushes(rank, world, f"{ck}-busy{world}")
     if mode == "save":
         res["leftovers_before"] = promises.leftovers(ck)  # a save killed before this run left its temporary
         res["save"] = save_shards(rank, world, ck)

@@ -182,7 +182,7 @@ def test_on_policy_keeps_one_processs_promises(worlds, world):
     res = worlds[world]["on_policy_promises"]
     for r, got in enumerate(res["iterate"]):
         assert got == {"ready_before": False, "ready_after": True, "too_few": "SemanticsError",
-                       "save_mid": "SemanticsError", "iteration0": True, "info": [(0, r)],
+                       "save_mid": "SemanticsError", "iteration0": True, "info": [[0, r]],
                        "pushed": [8] * world}, (r, got)
     assert all(g["iterations"] == [1] for g in res["restored"]), res["restored"]  # the numbers go on
     assert sum(g["rows"] for g in res["restored"]) == 4 * world, res["restored"]  # the rows after the last seal

@@ -647,4 +647,5 @@ def save_under_pushes(rank: int, world: int, ck: str) -> dict[str, Any]:
     again.restore(ck)
     st = again.stats()
     again.close()
-    return {"exactly_once": st.exactly_once, "in_flight": sum(st.in_flight_rows), "rows": sum(st.shard_rows) > 0}
+    mine = {"exactly_once": st.exactly_once, "in_flight": sum(st.in_flight_rows), "rows": sum(st.shard_rows) > 0}
+    return edp_gather(rank, world, mine)

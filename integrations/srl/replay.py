@@ -78,6 +78,11 @@ class ConduitReplayBuffer:
                 f"batch_length={batch_length} with sample_length={sample_length}: the Conduit SRL replay buffers "
                 "draw whole samples (batch_length == sample_length); use SRL's simple_replay_buffer for chunks"
             )
+        if sample_length is not None and max(batch_size, math.ceil(warmup_transitions / sample_length)) > max_size:
+            raise ConfigError(  # (refused at make_buffer, not at the stream thread's first put)
+                f"warmup_transitions={warmup_transitions} and batch_size={batch_size} need more than max_size="
+                f"{max_size} samples of sample_length={sample_length}: the buffer would never be ready"
+            )
         self.max_size, self.batch_size, self.warmup_transitions = int(max_size), int(batch_size), warmup_transitions
         self.seed, self.sample_length = seed, sample_length
         self.learner_device = torch.device(learner_device)

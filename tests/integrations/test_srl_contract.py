@@ -680,6 +680,14 @@ def _stacked_alike(module, made, xs):
              for k, v in sorted(flatten(b.get().sample))] for b in (ref, buf)]
 
 
+@pytest.mark.parametrize("name", ["conduit_replay", "conduit_prioritized"])
+def test_a_replay_that_could_never_be_ready_is_refused_when_made(made, name):
+    """More warm-up transitions than the buffer holds: refused at ``make_buffer`` (it raised at the stream thread's
+    first put), naming the sizes."""
+    with pytest.raises(conduit.ConfigError, match="never be ready"):
+        made(name, max_size=4, batch_size=2, warmup_transitions=100, sample_length=4)
+
+
 def test_queue_takes_what_srls_stacking_takes(made, module):
     """A field only a later sample has is left out (SRL's aggregation takes the first sample's fields); numpy
     arrays and tensors promote as ``np.stack`` promotes them; arrays of another byte order stack; numpy integers

@@ -32,6 +32,7 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1 import PPOTrainerSeparateAsync, PPOTrainerSync
 from verl.utils.debug import marked_timer
 
+from conduit import ConfigError
 from conduit.ext import Stage, StageProfile, StageRunner
 from conduit.scheduling.stages import plan
 
@@ -61,6 +62,18 @@ def copy_meta(batch: KVBatchMeta) -> KVBatchMeta:
     )
 
 
+def refuse_group_filtering(config: Any) -> None:
+    """DAPO's group filtering (``algorithm.filter_groups``) is verl's built-in sampler's: a custom sampler owns its
+    filtering, and Conduit's admission sampler has none, so the pair is refused before anything is built."""
+    filtering = (config.get("algorithm", {}).get("filter_groups", None) or {}).get("enable", False)
+    custom = (config.trainer.v1.get("sampler", {}).get("custom_sampler", None) or {}).get("name", None)
+    if filtering and custom == "ConduitAdmissionBuffer":
+        raise ConfigError(
+            "algorithm.filter_groups (DAPO's group filtering) is done by verl's own sampler; Conduit's admission "
+            "sampler does not filter groups: drop trainer.v1.sampler.custom_sampler, or disable filter_groups"
+        )
+
+
 class ConduitStepMixin:
     """Put before a verl V1 trainer class; overrides ``_step_once`` only."""
 
@@ -70,6 +83,7 @@ class ConduitStepMixin:
     base_mode: str = "sync"
 
     def __init__(self, config: Any) -> None:
+        refuse_group_filtering(config)
         self.conduit_mode = str(config.trainer.v1.trainer_mode)
         with open_dict(config):
             config.trainer.v1.trainer_mode = self.base_mode

@@ -127,3 +127,25 @@ def test_v0_trainer_overlaps_ref_with_old_log_prob_through_the_parents_methods(m
     tr._compute_old_log_prob("C")
     assert tr.conduit_last_plan == "old_log_prob -> ref_log_prob"
     tr.conduit_runner.close()
+
+
+def test_dapo_group_filtering_with_the_admission_sampler_is_refused_before_anything_is_built() -> None:
+    """verl leaves group filtering to a custom sampler, and Conduit's does not filter: the pair is refused by name
+    (it trained on unfiltered groups without a word)."""
+    from conduit.integrations.verl.v1 import ConduitPPOTrainerSync
+    from omegaconf import OmegaConf
+
+    from conduit import ConfigError
+
+    def config(enable: bool):
+        return OmegaConf.create({
+            "algorithm": {"filter_groups": {"enable": enable, "metric": "acc"}},
+            "trainer": {"v1": {"trainer_mode": "conduit_sync", "sampler": {
+                "custom_sampler": {"path": "pkg://conduit.integrations.verl.sampler", "name": "ConduitAdmissionBuffer"}}}},
+        })
+
+    with pytest.raises(ConfigError, match="filter_groups"):
+        ConduitPPOTrainerSync(config(True))
+    with pytest.raises(Exception) as other:  # without filtering the check passes and verl's own setup goes on
+        ConduitPPOTrainerSync(config(False))
+    assert not isinstance(other.value, ConfigError)

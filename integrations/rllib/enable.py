@@ -49,6 +49,11 @@ def enable_conduit(config: Any, **options: Any) -> Any:
         raise ConfigError("enable_conduit: the RLlib adapter needs the new API stack (RLModule/Learner, EnvRunner v2)")
     if config.framework_str != "torch":
         raise ConfigError(f"enable_conduit: framework={config.framework_str!r}; the adapter supports 'torch'")
+    if type(config) not in (DQNConfig, SACConfig, PPOConfig):  # a subclass is another algorithm (CQL is a SAC's)
+        raise ConfigError(
+            f"enable_conduit: expected a DQNConfig, SACConfig or PPOConfig, got {type(config).__name__} "
+            f"({getattr(config.algo_class, '__name__', config.algo_class)}: its learner would be replaced)"
+        )
     if isinstance(config, SACConfig):
         _enable_off_policy(config, opts, SAC, ConduitSAC, ConduitSACTorchLearner, _SAC_TYPES)
     elif isinstance(config, DQNConfig):

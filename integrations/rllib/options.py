@@ -13,7 +13,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from conduit import ConfigError
 from conduit.ext import explain
@@ -85,6 +86,17 @@ class ConduitRLlibOptions(BaseModel):
     timeout_s: Annotated[float, Field(gt=0.0)] = 60.0
     sharded: bool | None = None
     sampling: Literal["global", "local"] = "global"
+
+    @field_validator("storage_device")
+    @classmethod
+    def _a_device(cls, v: str | None) -> str | None:
+        """Refused here, by name, as the runtime would refuse it at the first ``train()``."""
+        if v is not None and v != "pinned":
+            try:
+                torch.device(v)
+            except (RuntimeError, ValueError) as e:
+                raise ValueError(f"{v!r} is not a torch device string (e.g. 'cpu', 'cuda:0', or 'pinned')") from e
+        return v
 
 
 class BufferOptions(BaseModel):

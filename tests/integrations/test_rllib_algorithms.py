@@ -214,6 +214,12 @@ def test_enable_conduit_validates_what_it_is_given():
         from ray.rllib.algorithms.appo import APPOConfig
 
         enable_conduit(APPOConfig())
+    with pytest.raises(ConfigError, match="CQLConfig"):  # a SACConfig subclass for another algorithm, whose
+        from ray.rllib.algorithms.cql import CQLConfig  # own learner (its loss) was replaced by SAC's
+
+        enable_conduit(CQLConfig())
+    with pytest.raises(ConfigError, match="storage_device"):  # at the call, not at the first train()
+        enable_conduit(tiny_dqn(), storage_device="tpu")
     config = enable_conduit(tiny_sac())
     assert config.replay_buffer_config["type"] == "PrioritizedEpisodeReplayBuffer"
     assert {"capacity", "alpha", "beta", "conduit"} <= set(config.replay_buffer_config)

@@ -219,7 +219,7 @@ class RecordLayout:
         return out
 
     def _conformed(self, name: str, v: Any) -> Any:
-        """An array as the stored leaf ``name`` holds it (numpy's assignment: cast, broadcast over one time axis)."""
+        """An array as the stored leaf ``name`` holds it (numpy's assignment: cast, broadcast)."""
         if type(v) is not np.ndarray:
             return v
         shape, dtype = getattr(self, "shapes", {}).get(name, (None, None))
@@ -227,11 +227,11 @@ class RecordLayout:
             return v
         if v.dtype != dtype and v.dtype.kind in "biufc":
             v = v.astype(dtype)
-        if v.shape != shape and v.ndim == len(shape) and v.shape[:1] == shape[:1]:
+        if v.shape != shape:
             try:
                 v = np.broadcast_to(v, shape)
-            except ValueError:
-                raise SpecError(f"field {name!r}: shape {v.shape} does not broadcast to the stored {shape}") from None
+            except ValueError:  # (the caller's checks name what is wrong: a length, a shape)
+                pass
         return v
 
     def state(self) -> dict[str, Any]:

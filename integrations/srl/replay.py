@@ -84,7 +84,7 @@ class ConduitReplayBuffer:
                 f"{max_size} samples of sample_length={sample_length}: the buffer would never be ready"
             )
         self.max_size, self.batch_size, self.warmup_transitions = int(max_size), int(batch_size), warmup_transitions
-        self.seed, self.sample_length = seed, sample_length
+        self.seed, self.sample_length, self.batch_length = seed, sample_length, batch_length
         self.learner_device = torch.device(learner_device)
         self.timeout_s = timeout_s
         self.conduit_config = dict(conduit_config or {})
@@ -139,6 +139,11 @@ class ConduitReplayBuffer:
     def _begin(self, sample: Any) -> None:
         """Learn the stream's layout from its first sample and start the runtime (caller holds the lock)."""
         layout = RecordLayout.of(sample)
+        if self.batch_length is not None and self.batch_length != layout.length:  # (sample_length was not given)
+            raise ConfigError(
+                f"batch_length={self.batch_length} with samples of length {layout.length}: the Conduit SRL replay "
+                "buffers draw whole samples (batch_length == sample_length); use SRL's simple_replay_buffer for chunks"
+            )
         if self.sample_length is not None and layout.length != self.sample_length:
             raise RuntimeError(
                 f"the sample received has length {layout.length} on axis 0, the buffer was configured with "

@@ -660,7 +660,7 @@ def test_replay_writes_later_samples_as_numpys_assignment_into_the_first_ones_la
 
     buf = made(name, max_size=4, batch_size=4, warmup_transitions=0, sample_length=4, seed=0)
     buf.put(s(0, np.zeros((4, 3), np.float32), np.zeros((4, 1), bool)))
-    buf.put(s(1, np.full((4, 1), 1.0), np.ones((4, 1), np.int64)))
+    buf.put(s(1, np.full((1, 1), 1.0), np.ones((4, 1), np.int64)))  # (1, 1) broadcasts over time too
     buf.put_many([s(2, np.full((4, 3), 2, np.int64), np.ones((4, 1), np.uint64)),
                   s(3, np.full((4, 3), 3, np.float32), np.ones((4, 1), np.int64))])
     got = buf.get().sample
@@ -686,6 +686,14 @@ def test_a_replay_that_could_never_be_ready_is_refused_when_made(made, name):
     first put), naming the sizes."""
     with pytest.raises(conduit.ConfigError, match="never be ready"):
         made(name, max_size=4, batch_size=2, warmup_transitions=100, sample_length=4)
+
+
+def test_chunks_shorter_than_the_samples_are_refused_when_the_length_is_learned(made, module):
+    """``batch_length`` without ``sample_length``: the first sample's length is checked against it (whole samples of
+    8 were handed out where chunks of 4 were asked for). (SRL's PER takes no batch_length.)"""
+    buf = made("conduit_replay", max_size=8, batch_size=2, warmup_transitions=0, batch_length=4)
+    with pytest.raises(conduit.ConfigError, match="batch_length=4"):
+        buf.put(_as_record(module, stub.actor_sample(0, t=8)))
 
 
 def test_queue_takes_what_srls_stacking_takes(made, module):

@@ -214,12 +214,14 @@ class RecordLayout:
                 shapes = getattr(self, "shapes", {})  # absent from a layout pickled before shapes were kept
                 shape, dtype = shapes.get(k, ((self.length,), np.float32))
                 out[k] = torch.zeros(shape, dtype=dtype) if isinstance(dtype, torch.dtype) else np.zeros(shape, dtype)
+            elif k == self.numeric[0]:  # the sample's length is its first stored field's, as SRL's length(0) reads
+                out[k] = self._conformed(k, v, broadcast=False)  # it: the caller checks it, never stretched
             else:
                 out[k] = self._conformed(k, v)
         return out
 
-    def _conformed(self, name: str, v: Any) -> Any:
-        """An array as the stored leaf ``name`` holds it (numpy's assignment: cast, broadcast)."""
+    def _conformed(self, name: str, v: Any, broadcast: bool = True) -> Any:
+        """An array as the stored leaf ``name`` holds it (numpy's assignment: cast, and broadcast)."""
         if type(v) is not np.ndarray:
             return v
         shape, dtype = getattr(self, "shapes", {}).get(name, (None, None))
@@ -227,7 +229,7 @@ class RecordLayout:
             return v
         if v.dtype != dtype and v.dtype.kind in "biufc":
             v = v.astype(dtype)
-        if v.shape != shape:
+        if broadcast and v.shape != shape:
             try:
                 v = np.broadcast_to(v, shape)
             except ValueError:  # (the caller's checks name what is wrong: a length, a shape)

@@ -663,6 +663,9 @@ def test_replay_writes_later_samples_as_numpys_assignment_into_the_first_ones_la
     buf.put(s(1, np.full((1, 1), 1.0), np.ones((4, 1), np.int64)))  # (1, 1) broadcasts over time too
     buf.put_many([s(2, np.full((4, 3), 2, np.int64), np.ones((4, 1), np.uint64)),
                   s(3, np.full((4, 3), 3, np.float32), np.ones((4, 1), np.int64))])
+    with pytest.raises(RuntimeError, match="length 1 on axis 0"):  # a sample's length is never stretched (SRL's
+        buf.put(named(obs=np.zeros((1, 3), np.float32), done=np.zeros((1, 1), bool),  # length(0) refuses it too)
+                      policy_version_steps=np.zeros((1, 1), np.int64)))
     got = buf.get().sample
     assert got.obs.dtype == np.float32 and got.done.dtype == np.bool_ and got.obs.shape == (4, 4, 3)
     for b, i in enumerate(got.policy_version_steps[0, :, 0]):

@@ -198,9 +198,8 @@ def _written_by_save(target: Path) -> set[str] | None:
         return None
     if not isinstance(doc, dict) or doc.get("format") not in FORMATS:
         return None
-    files, shards, deliveries = doc.get("files", {}), doc.get("shards", []), doc.get("deliveries", [])
-    names = [*(files if isinstance(files, dict) else []), *(shards if isinstance(shards, list) else []),
-             *(d for d in (deliveries if isinstance(deliveries, list) else []) if isinstance(d, str))]
+    files, shards = doc.get("files", {}), doc.get("shards", [])
+    names = [*(files if isinstance(files, dict) else []), *(shards if isinstance(shards, list) else [])]
     return {MANIFEST, COMPLETE, *(n for n in names if plain_name(n))}
 
 

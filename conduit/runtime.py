@@ -318,11 +318,9 @@ class Conduit(ReplayFace):
         assert self.buffer is not None and self.ingestion is not None and self.delivery is not None
         snapshot.apply(self.buffer, self.ingestion, self.delivery, state)
 
-    def save(self, path: str | Path, *, timeout: float | None = None,
-             state: Mapping[str, dict[str, Any]] | None = None) -> Path:
-        """Checkpoint the whole buffer state to ``path`` atomically (see :mod:`conduit.checkpoint`); ``state``: a
-        :meth:`state_dict` taken already (the caller read it, as a sharded save reads its row count)."""
-        state = self.state_dict(timeout=timeout) if state is None else state
+    def save(self, path: str | Path, *, timeout: float | None = None) -> Path:
+        """Checkpoint the whole buffer state to ``path`` atomically (see :mod:`conduit.checkpoint`)."""
+        state = self.state_dict(timeout=timeout)
         return checkpoint.save(path, snapshot.manifest(self.config, self.spec, self.schedule, state), state)
 
     def restore(self, path: str | Path, *, fallback: bool = False) -> dict[str, Any]:

@@ -58,7 +58,7 @@ from conduit.distributed.options import Sampling
 from conduit.errors import CheckpointError, SemanticsError
 from conduit.executor import process_alive
 from conduit.placement.records import largest_remainder
-from conduit.snapshot import slots_in_order, stored_in_order
+from conduit.snapshot import manifest, slots_in_order, stored_in_order
 from conduit.spec import ExperienceSpec
 
 #: the rank's :class:`~conduit.distributed.runtime.DistributedConduit` (not imported: it imports this module)
@@ -134,7 +134,7 @@ def _save(edp: DistributedConduit, target: Path, tmp: Path) -> None:
         if edp.shard is not None:  # the shard's one snapshot: its rows, and the count the manifest says of them
             state = edp.shard.state_dict()
             report["rows"] = len(slots_in_order(np.asarray(state["buffer"]["table"]["ids"]))) if state else 0
-            edp.shard.save(where, state=state)
+            core_checkpoint.save(where, manifest(edp.shard.config, edp.shard.spec, edp.shard.schedule, state), state)
         else:
             assert edp.on_policy is not None
             state = edp.on_policy.state_dict()

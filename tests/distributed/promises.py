@@ -375,7 +375,6 @@ def restore_ahead(rank: int, world: int, ck: str) -> dict[str, Any]:
             b = edp.pull()
             edp.update_priorities(b, (b["tid"].numpy() % 7 + 1).astype(np.float64))
         edp.save(ck)
-        edp.save(ck)  # again, at the same path: it replaces the checkpoint its batches drawn ahead are part of
         after = draws(edp)
     finally:
         edp.close()

@@ -58,7 +58,7 @@ from conduit.distributed.options import Sampling
 from conduit.errors import CheckpointError, SemanticsError
 from conduit.executor import process_alive
 from conduit.placement.records import largest_remainder
-from conduit.snapshot import manifest, slots_in_order, stored_in_order
+from conduit.snapshot import stored_in_order
 from conduit.spec import ExperienceSpec
 
 #: the rank's :class:`~conduit.distributed.runtime.DistributedConduit` (not imported: it imports this module)
@@ -131,10 +131,9 @@ def _save(edp: DistributedConduit, target: Path, tmp: Path) -> None:
         counts = edp.counters()
         report["counts"] = {**counts, "pushed": counts["ingested"] + counts["refused"]}
         report["rate_pushed"] = counts["ingested"] if edp.rate is not None else 0  # the rows inserted
-        if edp.shard is not None:  # the shard's one snapshot: its rows, and the count the manifest says of them
-            state = edp.shard.state_dict()
-            report["rows"] = len(slots_in_order(np.asarray(state["buffer"]["table"]["ids"]))) if state else 0
-            core_checkpoint.save(where, manifest(edp.shard.config, edp.shard.spec, edp.shard.schedule, state), state)
+        if edp.shard is not None:
+            report["rows"] = edp.shard.buffer.rows if edp.shard.buffer is not None else 0
+            edp.shard.save(where)
         else:
             assert edp.on_policy is not None
             state = edp.on_policy.state_dict()

@@ -2,7 +2,7 @@
 
 Each rank keeps the units its actors pushed since the last iteration (the
 ingestion hook runs at push, as on one runtime; its failure is latched on the rank, as one runtime
-latches it, and every rank raises it at the next ``minibatches()``). ``minibatches()`` is collective, at the call:
+latches it). ``minibatches()`` is collective, at the call:
 it seals the iteration on every rank at once (units pushed after it belong to the
 next, so no iteration mixes with another: on-policy freshness), the ranks
 exchange their row counts, and every rank computes the same plan
@@ -59,13 +59,10 @@ class OnPolicyShare:
         self.iteration = 0
         self.pushed_rows = 0
         self.path: GroupMinibatches | None = None  # made at the first iteration
-        self.failed: HookFailed | None = None  # the ingestion hook's failure on this rank (latched)
 
     def push(self, data: Data) -> int:
         """Run the ingestion hook and keep what it writes for the open iteration (all-or-nothing), every unit
         checked against the group's one spec (:mod:`conduit.distributed.admission`); returns the rows pushed."""
-        if self.failed is not None:
-            raise self.failed
         spec = self.owner.registry.get(HookKind.INGESTION)
         agreement = self.owner.agreement
         tensors = agreement.check(data, hooked=spec is not None)
@@ -75,8 +72,7 @@ class OnPolicyShare:
             try:
                 items = HookOperator("hook", spec.fn, "Actor", "ExperienceBuffer").run(Packet([tensors])).parts
             except HookFailed as e:
-                self.failed = e  # the group learns it at the next minibatches(), every rank at once
-                raise
+                raise self.owner.group.failure.set("ingestion", e) from None
         with self._lock:
             checked = []
             for item in items:
@@ -105,10 +101,7 @@ class OnPolicyShare:
         store = self._seal()
         n_local = int(next(iter(store.values())).shape[0]) if store else 0
         key = float(owner.spec_key())
-        state = [float(n_local), key, float(self.failed is not None)]
-        counts_keys = group.gather(torch.tensor(state, dtype=torch.float64), "minibatches (rows)")
-        if counts_keys[:, 2].any():  # a rank's ingestion hook failed: every rank raises it now, latched
-            raise self._hook_failed()
+        counts_keys = group.gather(torch.tensor([float(n_local), key], dtype=torch.float64), "minibatches (rows)")
         counts = counts_keys[:, 0].to(torch.int64).numpy()
         owner.agree_on_spec(counts_keys[:, 1].numpy())
         if self.spec is None:
@@ -132,14 +125,6 @@ class OnPolicyShare:
         path.begin(self.iteration, store, counts)
         self.iteration += 1
         return self._parts(path, timeout)
-
-    def _hook_failed(self) -> HookFailed:
-        """Collective: the one ``HookFailed`` every rank raises where some rank's ingestion hook failed."""
-        mine = str(self.failed).strip().splitlines()[0] if self.failed is not None else None
-        reasons = self.owner.group.gather_object(mine, "minibatches (a failed ingestion hook)")
-        said = "; ".join(f"on rank {r}: {why}" for r, why in enumerate(reasons) if why)
-        cause = self.failed if self.failed is not None else RuntimeError(said)
-        return self.owner.group.failure.set("minibatches", HookFailed(f"the ingestion hook ({said})", cause))
 
     def _parts(self, path: GroupMinibatches, timeout: float | None) -> Iterator[Batch]:
         for _ in range(path.per_iteration):

@@ -178,7 +178,7 @@ def test_on_policy_keeps_one_processs_promises(worlds, world):
     """``ready()`` says whether rows wait; an iteration too small for its mini-batches is refused on every rank and
     keeps its rows; ``minibatches()`` seals at the call; batches name their learner; the counters count; a
     checkpoint mid-iteration is refused, one between iterations restores the iteration number; a failed ingestion
-    hook is latched (the rank's next push raises it again) and every rank raises it at the next minibatches()."""
+    hook is latched (the rank's next push raises it again)."""
     res = worlds[world]["on_policy_promises"]
     for r, got in enumerate(res["iterate"]):
         assert got == {"ready_before": False, "ready_after": True, "too_few": "SemanticsError",
@@ -186,9 +186,8 @@ def test_on_policy_keeps_one_processs_promises(worlds, world):
                        "pushed": [8] * world}, (r, got)
     assert all(g["iterations"] == [1] for g in res["restored"]), res["restored"]  # the numbers go on
     assert sum(g["rows"] for g in res["restored"]) == 4 * world, res["restored"]  # the rows after the last seal
-    for r, got in enumerate(res["hook_latched"]):  # rank 1's hook failed: latched there, raised everywhere at once
-        pushes = ["accepted", "HookFailed", "HookFailed"] if r == 1 else ["accepted"] * 3
-        assert got == {"pushes": pushes, "minibatches": "HookFailed: True", "prompt": True}, (r, got)
+    for got in res["hook_latched"]:
+        assert got == {"pushes": ["accepted", "HookFailed", "HookFailed"]}, got
 
 
 @pytest.mark.parametrize("world", WORLDS)
